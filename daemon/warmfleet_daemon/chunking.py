@@ -1,0 +1,78 @@
+"""Prefill chunk plans and the chained block keys of the prefix cache.
+
+Why a plan at all: CPU BLAS kernels (and GPU GEMM tilings) round differently for
+different matrix shapes, so the KV of a token depends on the chunk it was prefilled
+in. If a cache hit changed where chunks start, a cached response would drift from the
+uncached one. So every prompt is prefilled in the same chunks whether or not part of
+it is cached: boundaries at absolute multiples of the block size, plus the prompt's
+"cut" points (where a message's content starts, the same place warm-up cuts). A block
+of the cache is exactly one such chunk, keyed by the chain of all tokens up to its end;
+reuse can only happen where both plans agree, which the chained key checks for free.
+
+The last prompt token is not part of any chunk: it is fed by the first decode step,
+which produces the first output token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+BlockKey = bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    start: int
+    end: int
+    key: BlockKey  # chained: identifies tokens[0:end] *and* every boundary before it
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def root_key(namespace: str) -> BlockKey:
+    """The parent key of a prompt's first chunk: one namespace per model."""
+    return hashlib.blake2b(namespace.encode(), digest_size=16).digest()
+
+
+def chain_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    return h.digest()
+
+
+def prefill_length(num_tokens: int) -> int:
+    """Tokens prefilled in chunks; the last one goes through the first decode step."""
+    return max(num_tokens - 1, 0)
+
+
+def plan_chunks(
+    tokens: Sequence[int],
+    *,
+    block_size: int,
+    cuts: Iterable[int] = (),
+    root: BlockKey,
+) -> list[Chunk]:
+    """Split the prefill region of `tokens` into chunks with chained keys.
+
+    Boundaries: every multiple of `block_size`, every cut inside the region, and the
+    region's end. Deterministic in (tokens, block_size, cuts): never in cache state.
+    """
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    n = prefill_length(len(tokens))
+    bounds = set(range(block_size, n, block_size))
+    bounds.update(c for c in cuts if 0 < c < n)
+    if n:
+        bounds.add(n)
+    chunks: list[Chunk] = []
+    start, parent = 0, root
+    for end in sorted(bounds):
+        key = chain_key(parent, tokens[start:end])
+        chunks.append(Chunk(start, end, key))
+        start, parent = end, key
+    return chunks

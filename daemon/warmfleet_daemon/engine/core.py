@@ -1,0 +1,453 @@
+"""The engine: one thread that owns the model and runs continuous batching.
+
+Each iteration decodes one token for every running sequence (one batched forward),
+then prefills one chunk of one waiting prompt. A long prompt therefore never stalls
+the others for more than a chunk, and the next chunk goes to the prompt with the
+fewest tokens left (short prompts get their first token quickly).
+
+Why not mlx-lm's BatchGenerator: it prefills several prompts in one padded batch and
+chunks from wherever the cache hit ended, so whether a prefix was cached would change
+the arithmetic (and the output). Here every prompt is prefilled on its own, in the
+chunk plan of `chunking`, and each chunk becomes a prefix-cache block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from warmfleet_daemon.chunking import Chunk, plan_chunks, root_key
+from warmfleet_daemon.engine import attention, kv
+from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
+from warmfleet_daemon.engine.stops import StopStringFilter
+from warmfleet_daemon.models.loader import LoadedModel
+from warmfleet_daemon.prefix_cache import PrefixCache
+from warmfleet_daemon.prompts import RenderedPrompt
+
+log = logging.getLogger(__name__)
+
+_STARVATION_LIMIT = 16  # a prompt passed over this many times is prefilled next
+_CLEAR_EVERY = 256  # decode steps between releases of MLX's buffer cache
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int
+    cache_budget_bytes: int
+    max_num_seqs: int = 16
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    queued_s: float  # submit -> prefill starts
+    ttft_s: float  # submit -> first token
+    duration_s: float  # submit -> finish
+
+
+@dataclass(frozen=True)
+class Event:
+    """A piece of a response. The last one has `finish_reason` and `usage`."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None  # stop | length | abort | error
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: RenderedPrompt
+    sampling: SamplingParams
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int  # decoding
+    prefilling: int
+    waiting: int  # admitted later, once a slot frees
+    max_num_seqs: int
+    block_size: int
+    batched_decode: bool
+    requests_total: int
+    generated_tokens_total: int
+    prefill_tokens_total: int  # tokens actually computed by prefill
+
+
+class _Phase(Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: GenerationRequest
+    sink: Callable[[Event], None]
+    arrival: int
+    submitted_at: float
+    chunks: list[Chunk]
+    sampler: Sampler
+    detokenizer: Any
+    stops: StopStringFilter
+    phase: _Phase = _Phase.PREFILL
+    caches: list[Any] | None = None
+    next_chunk: int = 0
+    cached_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    next_input: int = 0
+    started_at: float | None = None
+    first_token_at: float | None = None
+    skipped: int = 0
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.request.prompt.tokens
+
+    @property
+    def remaining_prefill(self) -> int:
+        done = self.chunks[self.next_chunk - 1].end if self.next_chunk else 0
+        return (self.chunks[-1].end if self.chunks else 0) - done
+
+
+def _wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
+    """Wait for the OS thread itself to end, not just its Python part: MLX's
+    thread-local compile cache takes the GIL in its destructor, and if that runs while
+    the interpreter is finalizing, the process aborts ("terminate called ...")."""
+    if not os.path.isdir("/proc/self/task"):
+        time.sleep(0.1)  # no /proc (macOS): give the destructor time to run
+        return
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
+class Engine:
+    """Owns the model; call `start()`, then `generate()` from any event loop."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.model = loaded.model
+        self.cache: PrefixCache[kv.BlockPayload] = PrefixCache(config.cache_budget_bytes)
+        self._root = root_key(f"{loaded.name}|{loaded.source}")
+        self._eos = set(loaded.tokenizer.eos_token_ids)
+        attention.install(self.model, cpu=not loaded.on_gpu)
+        self._batched = attention.supports_sequence_batching(self.model)
+        self._inbox: deque[_Sequence] = deque()
+        self._waiting: deque[_Sequence] = deque()
+        self._prefilling: list[_Sequence] = []
+        self._decoding: list[_Sequence] = []
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._arrivals = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._decode_steps = 0
+        self._requests_total = 0
+        self._generated_total = 0
+        self._prefill_total = 0
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="warmfleet-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            _wait_until_gone(self._thread)
+            self._thread = None
+
+    # -- requests -----------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, sink: Callable[[Event], None]) -> None:
+        """Queue a request; `sink` receives its events on the engine thread."""
+        tokens = request.prompt.tokens
+        if not tokens:
+            raise EngineError("empty prompt")
+        if len(tokens) >= self.loaded.context_length:
+            raise EngineError(
+                f"prompt has {len(tokens)} tokens; the context is {self.loaded.context_length}"
+            )
+        seq = _Sequence(
+            request=request,
+            sink=sink,
+            arrival=next(self._arrivals),
+            submitted_at=time.perf_counter(),
+            chunks=plan_chunks(
+                tokens, block_size=self.config.block_size, cuts=request.prompt.cuts, root=self._root
+            ),
+            sampler=Sampler(request.sampling),
+            detokenizer=self.loaded.tokenizer.detokenizer,
+            stops=StopStringFilter(request.sampling.stop),
+            next_input=tokens[-1],
+        )
+        with self._lock:
+            self._inbox.append(seq)
+            self._requests_total += 1
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(request_id)
+        self._wake.set()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        """Stream a request's events; closing the iterator early cancels the request."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        self.submit(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        finished = False
+        try:
+            while True:
+                event = await events.get()
+                finished = event.finish_reason is not None
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.cancel(request.request_id)
+
+    def generate_blocking(self, request: GenerationRequest, timeout: float = 600) -> list[Event]:
+        """Run a request to completion from a plain thread (tests, warm-up, benchmarks)."""
+        events: queue.Queue[Event] = queue.Queue()
+        self.submit(request, events.put)
+        out = []
+        while True:
+            event = events.get(timeout=timeout)
+            out.append(event)
+            if event.finish_reason is not None:
+                return out
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            waiting = len(self._inbox) + len(self._waiting)
+        return EngineStats(
+            running=len(self._decoding),
+            prefilling=len(self._prefilling),
+            waiting=waiting,
+            max_num_seqs=self.config.max_num_seqs,
+            block_size=self.config.block_size,
+            batched_decode=self._batched,
+            requests_total=self._requests_total,
+            generated_tokens_total=self._generated_total,
+            prefill_tokens_total=self._prefill_total,
+        )
+
+    def clear_prefix_cache(self) -> int:
+        """Drop every stored block (pinned ones too). Safe while requests run: a sequence
+        mid-prefill keeps its own copy and simply stops storing blocks."""
+        return self.cache.clear()
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._take_inbox()
+            worked = False
+            if self._decoding:
+                self._guard(self._decoding, self._decode_step)
+                worked = True
+            seq = self._pick_prefill()
+            if seq is not None:
+                self._guard([seq], lambda: self._prefill_step(seq))
+                worked = True
+            if not worked:
+                self._wake.wait(timeout=0.1)
+                self._wake.clear()
+        for seq in [*self._waiting, *self._prefilling, *self._decoding, *self._inbox]:
+            seq.sink(Event("", finish_reason="abort", error="engine stopped"))
+
+    def _guard(self, seqs: list[_Sequence], step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as exc:  # one bad batch must not take the daemon down
+            log.exception("engine step failed; failing %d request(s)", len(seqs))
+            for seq in list(seqs):
+                self._finish(seq, "error", "", error=f"{type(exc).__name__}: {exc}")
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            self._waiting.extend(self._inbox)
+            self._inbox.clear()
+            cancelled, self._cancelled = self._cancelled, set()
+        if cancelled:
+            for seq in [*self._waiting, *self._prefilling, *self._decoding]:
+                if seq.request.request_id in cancelled:
+                    self._finish(seq, "abort", "")
+        while self._waiting and len(self._prefilling) + len(self._decoding) < self.config.max_num_seqs:
+            seq = self._waiting.popleft()
+            seq.started_at = time.perf_counter()
+            self._prefilling.append(seq)
+
+    def _pick_prefill(self) -> _Sequence | None:
+        if not self._prefilling:
+            return None
+        # Two prompts about to compute the same chunk: only the earlier one does; the
+        # other finds the block in the cache on its next turn.
+        owner: dict[bytes, _Sequence] = {}
+        for seq in sorted(self._prefilling, key=lambda s: s.arrival):
+            if seq.caches is not None and seq.next_chunk < len(seq.chunks):
+                owner.setdefault(seq.chunks[seq.next_chunk].key, seq)
+        oldest = min(self._prefilling, key=lambda s: s.arrival)
+        if oldest.skipped >= _STARVATION_LIMIT:
+            choice = oldest
+        else:
+            eligible = [
+                s
+                for s in self._prefilling
+                if s.caches is None
+                or s.next_chunk >= len(s.chunks)
+                or owner[s.chunks[s.next_chunk].key] is s
+            ]
+            choice = min(eligible, key=lambda s: (s.remaining_prefill, s.arrival))
+        for seq in self._prefilling:
+            seq.skipped = 0 if seq is choice else seq.skipped + 1
+        return choice
+
+    def _prefill_step(self, seq: _Sequence) -> None:
+        if seq.caches is None:
+            match = self.cache.match(seq.chunks)
+            seq.caches = kv.restore(match.payloads, make_prompt_cache(self.model))
+            seq.next_chunk = match.blocks
+            seq.cached_tokens = match.tokens
+        else:
+            # Blocks another sequence stored since our last turn.
+            more = self.cache.match(seq.chunks, start=seq.next_chunk)
+            for payload, chunk in zip(more.payloads, seq.chunks[seq.next_chunk :]):
+                seq.caches = kv.append_block(seq.caches, payload)
+                seq.cached_tokens += chunk.size
+            seq.next_chunk += more.blocks
+        if seq.next_chunk < len(seq.chunks):
+            self._compute_chunk(seq)
+        if seq.next_chunk == len(seq.chunks):
+            self.cache.record_query(len(seq.tokens), seq.cached_tokens)
+            self._prefilling.remove(seq)
+            seq.phase = _Phase.DECODE
+            self._decoding.append(seq)
+
+    def _compute_chunk(self, seq: _Sequence) -> None:
+        assert seq.caches is not None
+        chunk = seq.chunks[seq.next_chunk]
+        self.model(mx.array(seq.tokens[chunk.start : chunk.end])[None], cache=seq.caches)
+        mx.eval(kv.cache_arrays(seq.caches))
+        self._prefill_total += chunk.size
+        parent = seq.chunks[seq.next_chunk - 1].key if seq.next_chunk else None
+        if chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
+            payload = kv.extract_block(seq.caches, chunk.start, chunk.end)
+            self.cache.insert(chunk, parent, payload, payload.nbytes)
+        seq.next_chunk += 1
+        mx.clear_cache()
+
+    def _decode_step(self) -> None:
+        seqs = list(self._decoding)
+        inputs = mx.array([[s.next_input] for s in seqs])
+        if self._batched:
+            layers = [
+                attention.SequenceBatch([s.caches[i] for s in seqs])  # type: ignore[index]
+                for i in range(len(seqs[0].caches or []))
+            ]
+            logits = self.model(inputs, cache=layers)[:, -1, :]
+        else:  # caches that cannot be decoded side by side: one forward each
+            logits = mx.concatenate(
+                [self.model(inputs[i : i + 1], cache=s.caches)[:, -1, :] for i, s in enumerate(seqs)]
+            )
+        sampled = [s.sampler.sample(logits[i]) for i, s in enumerate(seqs)]
+        mx.eval(sampled)
+        now = time.perf_counter()
+        self._decode_steps += 1
+        if self._decode_steps % _CLEAR_EVERY == 0:
+            mx.clear_cache()
+        for seq, token in zip(seqs, sampled):
+            self._accept(seq, int(token.item()), now)
+
+    def _accept(self, seq: _Sequence, token: int, now: float) -> None:
+        seq.generated.append(token)
+        seq.next_input = token
+        self._generated_total += 1
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        params = seq.request.sampling
+        if token in self._eos and not params.ignore_eos:
+            seq.detokenizer.finalize()
+            text = seq.detokenizer.last_segment + seq.stops.flush()
+            self._finish(seq, "stop", text, token)
+            return
+        seq.detokenizer.add_token(token)
+        text, stopped = seq.stops.feed(seq.detokenizer.last_segment)
+        if stopped:
+            self._finish(seq, "stop", text, token)
+            return
+        at_limit = len(seq.generated) >= params.max_tokens
+        at_context = len(seq.tokens) + len(seq.generated) >= self.loaded.context_length
+        if at_limit or at_context:
+            seq.detokenizer.finalize()
+            more, _ = seq.stops.feed(seq.detokenizer.last_segment)
+            self._finish(seq, "length", text + more + seq.stops.flush(), token)
+            return
+        if text:
+            seq.sink(Event(text, (token,)))
+
+    def _finish(
+        self,
+        seq: _Sequence,
+        reason: str,
+        text: str,
+        token: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        for group in (self._prefilling, self._decoding):
+            if seq in group:
+                group.remove(seq)
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+        now = time.perf_counter()
+        start = seq.started_at or now
+        first = seq.first_token_at or now
+        seq.sink(
+            Event(
+                text,
+                (token,) if token is not None else (),
+                finish_reason=reason,
+                usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens),
+                timings=Timings(
+                    start - seq.submitted_at, first - seq.submitted_at, now - seq.submitted_at
+                ),
+                error=error,
+            )
+        )

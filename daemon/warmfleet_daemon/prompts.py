@@ -1,0 +1,196 @@
+"""Chat template rendering and tokenization: the one path every prompt takes.
+
+Requests, warm-up and the benchmarks all go through `PromptBuilder`, so a warmed
+prefix is tokenized exactly like the requests that reuse it. Besides the tokens it
+finds the *cuts*: the token position where each message's content begins, found by
+rendering the conversation up to that message twice with two different contents and
+cutting at the first differing character (templates differ too much to parse). The
+chunk planner puts a chunk boundary at every cut, which is what lets a warmed system
+prompt (and tool list) be reused in full by every request that shares it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+
+Message = Mapping[str, Any]
+
+_PROBES = ("warmfleet probe A", "Warmfleet probe B")  # differ at the first character
+_MEMO_SIZE = 4096
+
+# For chat templates that ignore `tools` (the embedded SmolLM2's does): the Hermes/Qwen
+# convention, appended to the system message so the model sees the tool list.
+_TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+class PromptError(ValueError):
+    """The messages cannot be rendered (template error, bad structure)."""
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    tokens: tuple[int, ...]
+    cuts: tuple[int, ...] = ()  # token positions where a message's content starts
+    text: str | None = None
+
+
+class PromptBuilder:
+    """Renders chats with the model's template and tokenizes them with its tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer  # an mlx-lm TokenizerWrapper
+        template = getattr(tokenizer, "chat_template", None)
+        self.has_chat_template = bool(template)
+        self.template_handles_tools = bool(template) and "tools" in str(template)
+        self._content_starts: OrderedDict[bytes, tuple[int, bytes] | None] = OrderedDict()
+
+    # -- public API -------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> RenderedPrompt:
+        """Render and tokenize a chat request, with a cut at each message's content."""
+        if not messages:
+            raise PromptError("messages must not be empty")
+        messages, tools = self._with_tools(messages, tools)
+        text = self._render(messages, tools, add_generation_prompt)
+        tokens, ends = self._encode_with_offsets(text)
+        cuts = []
+        for index in range(len(messages)):
+            found = self._content_start(messages, index, tools)
+            if found is None:
+                continue
+            char_cut, head_digest = found
+            if _digest(text[:char_cut]) != head_digest:
+                continue  # the template renders this message differently once more follow
+            token_cut = _token_boundary(ends, char_cut)
+            if 0 < token_cut < len(tokens):
+                cuts.append(token_cut)
+        return RenderedPrompt(tuple(tokens), tuple(sorted(set(cuts))), text)
+
+    def completion(self, prompt: str | Sequence[int]) -> RenderedPrompt:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("prompt must not be empty")
+            return RenderedPrompt(tuple(self._tokenizer.encode(prompt)), (), prompt)
+        if not prompt:
+            raise PromptError("prompt must not be empty")
+        return RenderedPrompt(tuple(int(t) for t in prompt))
+
+    def shared_prefix(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> RenderedPrompt:
+        """The strict prefix shared by every request that continues `messages` with one
+        more user message: what warm-up prefills. Its end is a cut in those requests."""
+        probe = [*messages, {"role": "user", "content": _PROBES[0]}]
+        rendered = self.chat(probe, tools)
+        last_cut = rendered.cuts[-1] if rendered.cuts else 0
+        if not last_cut:
+            raise PromptError("the chat template gives no stable prefix for these messages")
+        return RenderedPrompt(rendered.tokens[:last_cut], rendered.cuts[:-1], None)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(tokens)))
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        if not self.has_chat_template:
+            raise PromptError("this model has no chat template; use /v1/completions")
+        try:
+            text = self._tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
+        except TemplateError as exc:
+            raise PromptError(f"chat template error: {exc}") from exc
+        except (TypeError, KeyError, ValueError) as exc:
+            raise PromptError(f"cannot render these messages: {exc}") from exc
+        return str(text)
+
+    def _encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        enc = self._tokenizer._tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True
+        )
+        return list(enc["input_ids"]), [end for _, end in enc["offset_mapping"]]
+
+    def _with_tools(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[Sequence[Message], Sequence[Mapping[str, Any]] | None]:
+        if not tools or self.template_handles_tools:
+            return messages, tools
+        block = _TOOLS_PREAMBLE + "\n".join(json.dumps(t) for t in tools) + _TOOLS_POSTAMBLE
+        if messages[0].get("role") == "system":
+            system = {**messages[0], "content": f"{messages[0].get('content') or ''}\n\n{block}"}
+            return [system, *messages[1:]], None
+        return [{"role": "system", "content": block}, *messages], None
+
+    def _content_start(
+        self, messages: Sequence[Message], index: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[int, bytes] | None:
+        """Character offset where messages[index]'s content starts in a rendering of
+        messages[:index + 1] (and a digest of the text before it), or None when the
+        template gives no stable cut there. Memoized: system prompts repeat."""
+        head = list(messages[:index])
+        role = messages[index].get("role")
+        key = hashlib.blake2b(
+            json.dumps([head, role, tools], sort_keys=True, default=str).encode(), digest_size=16
+        ).digest()
+        if key in self._content_starts:
+            self._content_starts.move_to_end(key)
+            return self._content_starts[key]
+        cut: tuple[int, bytes] | None = None
+        try:
+            a, b = (
+                self._render([*head, {"role": role, "content": p}], tools, False) for p in _PROBES
+            )
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            cut = None if at is None else (at, _digest(a[:at]))
+        except PromptError:
+            cut = None  # e.g. templates that insist on alternating roles
+        self._content_starts[key] = cut
+        if len(self._content_starts) > _MEMO_SIZE:
+            self._content_starts.popitem(last=False)
+        return cut
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _token_boundary(token_ends: Sequence[int], char_cut: int) -> int:
+    """Number of leading tokens that end at or before `char_cut`."""
+    lo, hi = 0, len(token_ends)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if token_ends[mid] <= char_cut:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

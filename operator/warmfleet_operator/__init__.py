@@ -1,0 +1,1 @@
+"""warmfleet operator: reconciles WarmPromptSet resources into daemon pushes (see issue 5)."""
