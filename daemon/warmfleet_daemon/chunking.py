@@ -56,15 +56,17 @@ def plan_chunks(
     block_size: int,
     cuts: Iterable[int] = (),
     root: BlockKey,
+    include_last: bool = False,
 ) -> list[Chunk]:
     """Split the prefill region of `tokens` into chunks with chained keys.
 
     Boundaries: every multiple of `block_size`, every cut inside the region, and the
     region's end. Deterministic in (tokens, block_size, cuts): never in cache state.
+    `include_last` makes the region all of `tokens` (warm-up prefixes: nothing decodes).
     """
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
-    n = prefill_length(len(tokens))
+    n = len(tokens) if include_last else prefill_length(len(tokens))
     bounds = set(range(block_size, n, block_size))
     bounds.update(c for c in cuts if 0 < c < n)
     if n:

@@ -75,7 +75,7 @@ class Event:
 
     text: str
     token_ids: tuple[int, ...] = ()
-    finish_reason: str | None = None  # stop | length | abort | error
+    finish_reason: str | None = None  # stop | length | abort | error | prefilled
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
@@ -86,6 +86,9 @@ class GenerationRequest:
     prompt: RenderedPrompt
     sampling: SamplingParams
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Warm-up: prefill every token (none is held back for decoding), store the blocks,
+    # generate nothing; finishes with reason "prefilled".
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,11 @@ class Engine:
             arrival=next(self._arrivals),
             submitted_at=time.perf_counter(),
             chunks=plan_chunks(
-                tokens, block_size=self.config.block_size, cuts=request.prompt.cuts, root=self._root
+                tokens,
+                block_size=self.config.block_size,
+                cuts=request.prompt.cuts,
+                root=self._root,
+                include_last=request.prefill_only,
             ),
             sampler=Sampler(request.sampling),
             detokenizer=self.loaded.tokenizer.detokenizer,
@@ -276,18 +283,30 @@ class Engine:
 
     # -- the loop -----------------------------------------------------------------
 
+    def step(self) -> bool:
+        """One iteration: a decode step for the running batch and one prefill chunk.
+        Returns False when there was nothing to do. The engine thread calls this in a
+        loop; tests may call it directly on an engine that was not started."""
+        self._take_inbox()
+        worked = False
+        if self._decoding:
+            self._guard(list(self._decoding), self._decode_step)
+            worked = True
+        seq = self._pick_prefill()
+        if seq is not None:
+            self._guard([seq], lambda: self._prefill_step(seq))
+            worked = True
+        return worked
+
+    def run_until_idle(self) -> None:
+        """Step until every submitted request has finished (engine not started)."""
+        assert self._thread is None, "the engine thread is running"
+        while self.step():
+            pass
+
     def _run(self) -> None:
         while not self._stopping:
-            self._take_inbox()
-            worked = False
-            if self._decoding:
-                self._guard(self._decoding, self._decode_step)
-                worked = True
-            seq = self._pick_prefill()
-            if seq is not None:
-                self._guard([seq], lambda: self._prefill_step(seq))
-                worked = True
-            if not worked:
+            if not self.step():
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
         for seq in [*self._waiting, *self._prefilling, *self._decoding, *self._inbox]:
@@ -356,6 +375,9 @@ class Engine:
         if seq.next_chunk < len(seq.chunks):
             self._compute_chunk(seq)
         if seq.next_chunk == len(seq.chunks):
+            if seq.request.prefill_only:
+                self._finish(seq, "prefilled", "")
+                return
             self.cache.record_query(len(seq.tokens), seq.cached_tokens)
             self._prefilling.remove(seq)
             seq.phase = _Phase.DECODE

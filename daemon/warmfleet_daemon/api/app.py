@@ -1,0 +1,43 @@
+"""The daemon's FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from warmfleet_daemon import __version__
+from warmfleet_daemon.api import routes_openai, routes_status
+from warmfleet_daemon.api.errors import BodySizeLimit, install_error_handlers
+from warmfleet_daemon.api.state import DaemonState
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.settings import DaemonSettings
+
+
+def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> FastAPI:
+    """The app; with `engine` it serves that (already loaded) engine, otherwise it loads
+    `settings.model` in the background once the server starts."""
+    state = DaemonState(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if engine is not None:
+            state.attach(engine)
+        else:
+            state.start_loading()
+        yield
+        state.shutdown()
+
+    app = FastAPI(
+        title="warmfleet daemon",
+        version=__version__,
+        description="OpenAI-compatible MLX server with a prefix cache kept warm by warmfleet.",
+        lifespan=lifespan,
+    )
+    app.state.daemon = state
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_status.router)
+    return app

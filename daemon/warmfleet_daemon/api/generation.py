@@ -1,0 +1,176 @@
+"""From an OpenAI request body to engine events and back: validation, prompt building,
+non-streaming collection and SSE streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from warmfleet_daemon.api.errors import APIError, error_body
+from warmfleet_daemon.api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    PromptTokensDetails,
+    UsageInfo,
+)
+from warmfleet_daemon.api.state import Ready
+from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
+from warmfleet_daemon.engine.sampling import SamplingParams
+from warmfleet_daemon.prompts import PromptError, RenderedPrompt
+
+_DISCONNECT_POLL_S = 0.5
+
+
+def check_model(ready: Ready, name: str) -> None:
+    if name not in ready.model_ids:
+        raise APIError(
+            404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+        )
+
+
+async def chat_request(
+    ready: Ready, body: ChatCompletionRequest, default_max_tokens: int
+) -> GenerationRequest:
+    check_model(ready, body.model)
+    messages = [m.as_template_message() for m in body.messages]
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    try:
+        prompt = await run_in_threadpool(ready.prompts.chat, messages, tools)
+    except PromptError as exc:
+        raise APIError(400, str(exc), param="messages") from exc
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    return _request(ready, prompt, body, max_tokens, default_max_tokens, "messages")
+
+
+async def completion_request(
+    ready: Ready, body: CompletionRequest, default_max_tokens: int
+) -> GenerationRequest:
+    check_model(ready, body.model)
+    try:
+        text_or_ids = body.single_prompt()
+        prompt = await run_in_threadpool(ready.prompts.completion, text_or_ids)
+    except (PromptError, ValueError) as exc:
+        raise APIError(400, str(exc), param="prompt") from exc
+    vocab = len(ready.model.tokenizer)
+    if any(not 0 <= t < vocab for t in prompt.tokens):
+        raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+    return _request(ready, prompt, body, body.max_tokens, default_max_tokens, "prompt")
+
+
+def _request(
+    ready: Ready,
+    prompt: RenderedPrompt,
+    body: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int | None,
+    default_max_tokens: int,
+    param: str,
+) -> GenerationRequest:
+    context = ready.model.context_length
+    n = len(prompt.tokens)
+    if n >= context:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, your "
+            f"{param} resulted in {n} tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and n + max_tokens > context:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{n + max_tokens} tokens ({n} in the {param}, {max_tokens} in the completion).",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    sampling = SamplingParams(
+        max_tokens=max_tokens or min(default_max_tokens, context - n),
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=body.ignore_eos,
+    )
+    return GenerationRequest(prompt, sampling)
+
+
+def usage_info(usage: Usage | None) -> UsageInfo:
+    u = usage or Usage(0, 0, 0)
+    return UsageInfo(
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        total_tokens=u.prompt_tokens + u.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
+    )
+
+
+async def collect(ready: Ready, request: GenerationRequest, http: Request) -> tuple[str, Event]:
+    """Run to completion; give up (and free the batch slot) if the client goes away."""
+    parts: list[str] = []
+
+    async def consume() -> Event:
+        last: Event | None = None
+        async for event in ready.engine.generate(request):
+            parts.append(event.text)
+            last = event
+        assert last is not None
+        return last
+
+    task = asyncio.create_task(consume())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+        if done:
+            break
+        if await http.is_disconnected():
+            task.cancel()
+            raise APIError(499, "client closed the request", code="client_closed")
+    final = task.result()
+    if final.finish_reason == "error":
+        raise APIError(500, f"generation failed: {final.error}", type_="server_error")
+    return "".join(parts), final
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+async def sse(
+    ready: Ready,
+    request: GenerationRequest,
+    *,
+    first: dict[str, Any] | None,
+    chunk: Callable[[str, str | None], dict[str, Any]],
+    include_usage: bool,
+    usage_chunk: Callable[[UsageInfo], dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """OpenAI server-sent events. Closing the stream (client gone) cancels the request."""
+    if first is not None:
+        yield _data(first, include_usage)
+    async for event in ready.engine.generate(request):
+        if event.finish_reason == "error":
+            yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
+            break
+        if event.text:
+            yield _data(chunk(event.text, None), include_usage)
+        if event.finish_reason is not None:
+            yield _data(chunk("", event.finish_reason), include_usage)
+            if include_usage:
+                yield _data(usage_chunk(usage_info(event.usage)), False)
+    yield b"data: [DONE]\n\n"
+
+
+def _data(payload: dict[str, Any], include_usage: bool) -> bytes:
+    if include_usage and "usage" not in payload:
+        payload = {**payload, "usage": None}
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+def created() -> int:
+    return int(time.time())

@@ -1,0 +1,48 @@
+"""Health, readiness and the status document operators and dashboards read."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from warmfleet_daemon import __version__
+from warmfleet_daemon.api.deps import ReadyDep, StateDep
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(state: StateDep) -> JSONResponse:
+    if state.ready is not None:
+        return JSONResponse({"status": "ready", "model": state.served_name()})
+    body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
+    return JSONResponse(body, status_code=503)
+
+
+@router.get("/v1/status")
+async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
+    model = ready.model
+    cache = ready.engine.cache.stats
+    return {
+        "version": __version__,
+        "model": {
+            "id": state.served_name(),
+            "source": model.source,
+            "context_length": model.context_length,
+            "device": "gpu" if model.on_gpu else "cpu",
+        },
+        "engine": asdict(ready.engine.stats()),
+        "cache": {
+            **asdict(cache),
+            "hit_rate": cache.hit_rate,
+            "tokens_saved": cache.tokens_saved,
+        },
+    }

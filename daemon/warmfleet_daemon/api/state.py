@@ -1,0 +1,78 @@
+"""What the routes share: settings, and the engine once the model has loaded.
+
+The model loads in a background thread so the port opens at once; until it is ready,
+model routes answer 503 and `/readyz` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.models.loader import LoadedModel, load_model
+from warmfleet_daemon.prompts import PromptBuilder
+from warmfleet_daemon.settings import DaemonSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ready:
+    engine: Engine
+    prompts: PromptBuilder
+    model_ids: frozenset[str]
+
+    @property
+    def model(self) -> LoadedModel:
+        return self.engine.loaded
+
+
+@dataclass
+class DaemonState:
+    settings: DaemonSettings
+    ready: Ready | None = None
+    load_error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    _thread: threading.Thread | None = None
+
+    def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
+        def run() -> None:
+            try:
+                t0 = time.perf_counter()
+                loaded = loader(self.settings.model)
+                self.attach(Engine(loaded, self.engine_config(loaded)))
+                log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
+            except Exception as exc:  # reported on /readyz and in every 503 body
+                log.exception("model %r failed to load", self.settings.model)
+                self.load_error = f"{type(exc).__name__}: {exc}"
+
+        self._thread = threading.Thread(target=run, name="warmfleet-load", daemon=True)
+        self._thread.start()
+
+    def engine_config(self, loaded: LoadedModel) -> EngineConfig:
+        return EngineConfig(
+            block_size=self.settings.resolved_block_size(loaded.on_gpu),
+            cache_budget_bytes=self.settings.cache_budget_bytes(),
+            max_num_seqs=self.settings.max_num_seqs,
+        )
+
+    def attach(self, engine: Engine) -> None:
+        engine.start()
+        loaded = engine.loaded
+        ids = {loaded.name, self.settings.model, "default"}
+        if self.settings.served_model_name:
+            ids.add(self.settings.served_model_name)
+        self.ready = Ready(engine, PromptBuilder(loaded.tokenizer), frozenset(ids))
+
+    def served_name(self) -> str:
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        return self.ready.model.name if self.ready else self.settings.model
+
+    def shutdown(self) -> None:
+        if self.ready is not None:
+            self.ready.engine.stop()

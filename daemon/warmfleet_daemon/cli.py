@@ -1,0 +1,104 @@
+"""`warmfleet`: the daemon (`serve`), model conversion (`convert`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from warmfleet_daemon.blas import ensure_fast_blas, log_blas
+
+log = logging.getLogger("warmfleet")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="warmfleet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub.add_parser("serve", help="run the daemon (OpenAI API + prefix cache)"))
+    convert = sub.add_parser(
+        "convert", help="write a model (e.g. `default`) as an mlx-lm directory"
+    )
+    convert.add_argument("model", help="default | FILE.gguf | mlx-lm dir | HF id")
+    convert.add_argument("output", help="directory to write")
+    convert.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    args = parser.parse_args(argv)
+    _setup_logging(getattr(args, "log_level", "info"))
+    ensure_fast_blas()  # before anything imports mlx
+    if args.command == "serve":
+        return _serve(args)
+    return _convert(args)
+
+
+def _serve_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="default | FILE.gguf | mlx-lm dir | HF id | tiny-random")
+    p.add_argument("--served-model-name")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")
+    p.add_argument("--block-size", type=int, help="prefill chunk / cache block, in tokens")
+    p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
+    p.add_argument("--default-max-tokens", type=int)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.models.loader import on_gpu
+    from warmfleet_daemon.settings import DaemonSettings
+
+    overrides = {
+        k: v
+        for k, v in vars(args).items()
+        if v is not None and k in DaemonSettings.model_fields and k != "log_level"
+    }
+    try:
+        settings = DaemonSettings(**overrides, log_level=args.log_level)
+    except ValidationError as exc:
+        print(f"warmfleet serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    log_blas(ensure_fast_blas(), on_gpu=on_gpu())
+    base = f"http://{settings.host}:{settings.port}"
+    log.info(
+        "warmfleet daemon on %s; loading model %r in the background (GET %s/readyz)",
+        base,
+        settings.model,
+        base,
+    )
+    log.info(
+        "Talk to it: curl %s/v1/chat/completions -H 'Content-Type: application/json' "
+        "-d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'"
+        "  (or any OpenAI client with base_url=%s/v1)",
+        base,
+        base,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from warmfleet_daemon.models.convert import convert
+
+    path = convert(args.model, args.output, dtype=args.dtype)
+    print(f"wrote {path} (load it with mlx_lm.load({str(path)!r}) or `warmfleet serve --model {path}`)")
+    return 0
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

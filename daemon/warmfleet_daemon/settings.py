@@ -1,0 +1,50 @@
+"""Daemon settings: flags of `warmfleet serve`, or WARMFLEET_* environment variables."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1 << 20
+
+
+def default_cache_budget_mb() -> int:
+    """A quarter of physical memory, and at most half of what is free right now."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * page
+        free = os.sysconf("SC_AVPHYS_PAGES") * page if sys.platform != "darwin" else total
+    except (ValueError, OSError, AttributeError):
+        return 2048
+    return max(64, min(total // 4, free // 2) // MiB)
+
+
+class DaemonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WARMFLEET_", protected_namespaces=())
+
+    model: str = Field("default", description="default | FILE.gguf | mlx-lm dir | HF id | tiny-random")
+    served_model_name: str | None = Field(None, description="id on /v1/models (default: derived)")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    cache_memory_mb: int | None = Field(
+        None, ge=0, description="prefix-cache byte budget in MiB; 0 disables the cache"
+    )
+    block_size: int | None = Field(
+        None, ge=8, le=8192, description="prefill chunk = cache block, in tokens (CPU 128, GPU 512)"
+    )
+    max_num_seqs: int = Field(16, ge=1, le=512, description="sequences prefilling or decoding")
+    default_max_tokens: int = Field(512, ge=1)
+    max_request_bytes: int = Field(8 * MiB, ge=1024)
+    log_level: str = "info"
+
+    def cache_budget_bytes(self) -> int:
+        mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()
+        return mb * MiB
+
+    def resolved_block_size(self, on_gpu: bool) -> int:
+        # CPU prefill is about as fast in 128-token chunks as in 512 ones, and small
+        # chunks interleave better with decoding; GPUs want larger matmuls.
+        return self.block_size or (512 if on_gpu else 128)
