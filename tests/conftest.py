@@ -27,7 +27,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 from collections.abc import Callable  # noqa: E402
 
 from support import model  # noqa: E402
-
 from warmfleet_daemon.engine.core import Engine, EngineConfig  # noqa: E402
 from warmfleet_daemon.models.loader import LoadedModel  # noqa: E402
 

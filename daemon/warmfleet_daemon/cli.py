@@ -70,7 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     log.info(
         "Talk to it: curl %s/v1/chat/completions -H 'Content-Type: application/json' "
-        "-d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'"
+        '-d \'{"model": "default", "messages": [{"role": "user", "content": "Hello!"}]}\''
         "  (or any OpenAI client with base_url=%s/v1)",
         base,
         base,
@@ -89,7 +89,7 @@ def _convert(args: argparse.Namespace) -> int:
     from warmfleet_daemon.models.convert import convert
 
     path = convert(args.model, args.output, dtype=args.dtype)
-    print(f"wrote {path} (load it with mlx_lm.load({str(path)!r}) or `warmfleet serve --model {path}`)")
+    print(f"wrote {path}: serve it with `warmfleet serve --model {path}` or mlx_lm.server")
     return 0
 
 

@@ -172,9 +172,7 @@ class PrefixCache(Generic[P]):
     def pinned_bytes_of(self, keys: Iterable[BlockKey]) -> int:
         """Bytes these blocks would add to the pinned total (already pinned: zero)."""
         with self._lock:
-            return sum(
-                b.nbytes for k in set(keys) if (b := self._blocks.get(k)) and b.pins == 0
-            )
+            return sum(b.nbytes for k in set(keys) if (b := self._blocks.get(k)) and b.pins == 0)
 
     # -- removal ----------------------------------------------------------------
 

@@ -2,11 +2,14 @@
 
 Requests, warm-up and the benchmarks all go through `PromptBuilder`, so a warmed
 prefix is tokenized exactly like the requests that reuse it. Besides the tokens it
-finds the *cuts*: the token position where each message's content begins, found by
-rendering the conversation up to that message twice with two different contents and
-cutting at the first differing character (templates differ too much to parse). The
-chunk planner puts a chunk boundary at every cut, which is what lets a warmed system
-prompt (and tool list) be reused in full by every request that shares it.
+finds the *cuts*: for each message, how many tokens come before its content that no
+content can change. They are found by rendering the conversation up to that message
+with contents that differ from the first character (letters, spaces, newlines, digits,
+punctuation) and keeping the tokens all renderings share: cutting at the first
+differing character is not enough, since a content that starts with a space or a
+newline merges with the template's trailing newline into another token. The chunk
+planner puts a chunk boundary at every cut, which is what lets a warmed system prompt
+(and tool list) be reused in full by every request that shares it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from jinja2 import TemplateError
 
 Message = Mapping[str, Any]
 
-_PROBES = ("warmfleet probe A", "Warmfleet probe B")  # differ at the first character
+# Contents that start with every kind of character a tokenizer may merge with the text
+# before it (letters, spaces, newlines, digits, punctuation, non-ASCII).
+_PROBES = ("x", "X", " x", "  x", "\tx", "\nx", "\n\nx", "1", "!x", "<x", "éx", "\u4e2dx")
 _MEMO_SIZE = 4096
 
 # For chat templates that ignore `tools` (the embedded SmolLM2's does): the Hermes/Qwen
@@ -73,18 +78,16 @@ class PromptBuilder:
             raise PromptError("messages must not be empty")
         messages, tools = self._with_tools(messages, tools)
         text = self._render(messages, tools, add_generation_prompt)
-        tokens, ends = self._encode_with_offsets(text)
+        tokens = list(self._tokenizer.encode(text, add_special_tokens=False))
         cuts = []
         for index in range(len(messages)):
             found = self._content_start(messages, index, tools)
             if found is None:
                 continue
-            char_cut, head_digest = found
-            if _digest(text[:char_cut]) != head_digest:
-                continue  # the template renders this message differently once more follow
-            token_cut = _token_boundary(ends, char_cut)
-            if 0 < token_cut < len(tokens):
-                cuts.append(token_cut)
+            cut, head_digest = found
+            # Skip if the template renders this message differently once more follow.
+            if 0 < cut < len(tokens) and _digest(tokens[:cut]) == head_digest:
+                cuts.append(cut)
         return RenderedPrompt(tuple(tokens), tuple(sorted(set(cuts))), text)
 
     def completion(self, prompt: str | Sequence[int]) -> RenderedPrompt:
@@ -134,12 +137,6 @@ class PromptBuilder:
             raise PromptError(f"cannot render these messages: {exc}") from exc
         return str(text)
 
-    def _encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        enc = self._tokenizer._tokenizer(
-            text, add_special_tokens=False, return_offsets_mapping=True
-        )
-        return list(enc["input_ids"]), [end for _, end in enc["offset_mapping"]]
-
     def _with_tools(
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[Sequence[Message], Sequence[Mapping[str, Any]] | None]:
@@ -154,9 +151,9 @@ class PromptBuilder:
     def _content_start(
         self, messages: Sequence[Message], index: int, tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[int, bytes] | None:
-        """Character offset where messages[index]'s content starts in a rendering of
-        messages[:index + 1] (and a digest of the text before it), or None when the
-        template gives no stable cut there. Memoized: system prompts repeat."""
+        """Tokens before messages[index]'s content that no content can change, and their
+        digest; None when the template gives no stable cut there. Memoized: system
+        prompts repeat."""
         head = list(messages[:index])
         role = messages[index].get("role")
         key = hashlib.blake2b(
@@ -167,11 +164,15 @@ class PromptBuilder:
             return self._content_starts[key]
         cut: tuple[int, bytes] | None = None
         try:
-            a, b = (
-                self._render([*head, {"role": role, "content": p}], tools, False) for p in _PROBES
-            )
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            cut = None if at is None else (at, _digest(a[:at]))
+            probes = [
+                self._tokenizer.encode(
+                    self._render([*head, {"role": role, "content": p}], tools, False),
+                    add_special_tokens=False,
+                )
+                for p in _PROBES
+            ]
+            common = _common_prefix(probes)
+            cut = (common, _digest(probes[0][:common])) if common else None
         except PromptError:
             cut = None  # e.g. templates that insist on alternating roles
         self._content_starts[key] = cut
@@ -180,17 +181,14 @@ class PromptBuilder:
         return cut
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+def _digest(tokens: Sequence[int]) -> bytes:
+    return hashlib.blake2b(json.dumps(list(tokens)).encode(), digest_size=16).digest()
 
 
-def _token_boundary(token_ends: Sequence[int], char_cut: int) -> int:
-    """Number of leading tokens that end at or before `char_cut`."""
-    lo, hi = 0, len(token_ends)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if token_ends[mid] <= char_cut:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+def _common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences[1:]):
+            return i
+    return n

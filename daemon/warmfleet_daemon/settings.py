@@ -25,7 +25,9 @@ def default_cache_budget_mb() -> int:
 class DaemonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WARMFLEET_", protected_namespaces=())
 
-    model: str = Field("default", description="default | FILE.gguf | mlx-lm dir | HF id | tiny-random")
+    model: str = Field(
+        "default", description="default | FILE.gguf | mlx-lm dir | HF id | tiny-random"
+    )
     served_model_name: str | None = Field(None, description="id on /v1/models (default: derived)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

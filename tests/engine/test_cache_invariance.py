@@ -8,10 +8,10 @@ import random
 
 import mlx.core as mx
 import pytest
-from support import greedy, model, request, run, tokens_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support import greedy, model, request, run, tokens_of
 from warmfleet_daemon.engine.core import Engine
 
 VOCAB = (100, 49000)
@@ -71,7 +71,9 @@ def prefill_kv(engine: Engine, tokens: list[int], cuts: tuple[int, ...]) -> list
     while seq in engine._prefilling:
         engine._prefill_step(seq)
     assert seq.caches is not None
-    arrays = [a for c in seq.caches for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])]
+    arrays = [
+        a for c in seq.caches for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
+    ]
     engine.cancel(seq.request.request_id)
     engine.run_until_idle()
     return arrays

@@ -9,7 +9,10 @@ ROOT = root_key("m")
 
 
 def bounds(n: int, block: int, cuts: tuple[int, ...] = ()) -> list[tuple[int, int]]:
-    return [(c.start, c.end) for c in plan_chunks(list(range(n)), block_size=block, cuts=cuts, root=ROOT)]
+    return [
+        (c.start, c.end)
+        for c in plan_chunks(list(range(n)), block_size=block, cuts=cuts, root=ROOT)
+    ]
 
 
 def test_blocks_are_absolute_multiples_plus_cuts_and_exclude_the_last_token() -> None:

@@ -18,7 +18,9 @@ def get_state(request: Request) -> DaemonState:
 def get_ready(state: Annotated[DaemonState, Depends(get_state)]) -> Ready:
     if state.ready is None:
         if state.load_error:
-            raise APIError(503, f"the model failed to load: {state.load_error}", code="model_load_failed")
+            raise APIError(
+                503, f"the model failed to load: {state.load_error}", code="model_load_failed"
+            )
         raise APIError(503, "the model is still loading; retry shortly", code="model_loading")
     return state.ready
 

@@ -62,7 +62,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        errors = exc.errors()
+        first: dict[str, Any] = dict(errors[0]) if errors else {"msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"

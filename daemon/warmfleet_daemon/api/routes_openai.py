@@ -23,7 +23,9 @@ from warmfleet_daemon.api.schemas import (
     UsageInfo,
 )
 
-router = APIRouter(prefix="/v1", responses={400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
+router = APIRouter(
+    prefix="/v1", responses={400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -39,15 +41,37 @@ async def chat_completions(
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
             delta = {"content": text} if text else {}
-            return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            return {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+                ],
+            }
 
         def usage_chunk(usage: UsageInfo) -> dict[str, Any]:
             return {**base, "choices": [], "usage": usage.model_dump()}
 
-        first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}]}
+        first = {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "finish_reason": None,
+                    "logprobs": None,
+                }
+            ],
+        }
         include = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            gen.sse(ready, request, first=first, chunk=chunk, include_usage=include, usage_chunk=usage_chunk),
+            gen.sse(
+                ready,
+                request,
+                first=first,
+                chunk=chunk,
+                include_usage=include,
+                usage_chunk=usage_chunk,
+            ),
             media_type="text/event-stream",
             headers=_SSE_HEADERS,
         )
@@ -56,27 +80,41 @@ async def chat_completions(
         id=rid,
         created=created,
         model=model,
-        choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=final.finish_reason)],
+        choices=[
+            ChatChoice(message=AssistantMessage(content=text), finish_reason=final.finish_reason)
+        ],
         usage=gen.usage_info(final.usage),
     )
 
 
 @router.post("/completions", response_model=Completion)
-async def completions(body: CompletionRequest, http: Request, ready: ReadyDep, state: StateDep) -> Any:
+async def completions(
+    body: CompletionRequest, http: Request, ready: ReadyDep, state: StateDep
+) -> Any:
     request = await gen.completion_request(ready, body, state.settings.default_max_tokens)
     rid, created, model = gen.new_id("cmpl"), gen.created(), state.served_name()
     if body.stream:
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
-            return {**base, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+            return {
+                **base,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            }
 
         def usage_chunk(usage: UsageInfo) -> dict[str, Any]:
             return {**base, "choices": [], "usage": usage.model_dump()}
 
         include = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            gen.sse(ready, request, first=None, chunk=chunk, include_usage=include, usage_chunk=usage_chunk),
+            gen.sse(
+                ready,
+                request,
+                first=None,
+                chunk=chunk,
+                include_usage=include,
+                usage_chunk=usage_chunk,
+            ),
             media_type="text/event-stream",
             headers=_SSE_HEADERS,
         )

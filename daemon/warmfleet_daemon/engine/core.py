@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -237,7 +237,11 @@ class Engine:
         """Stream a request's events; closing the iterator early cancels the request."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        self.submit(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+
+        def deliver(event: Event) -> None:  # runs on the engine thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        self.submit(request, deliver)
         finished = False
         try:
             while True:
@@ -329,7 +333,9 @@ class Engine:
             for seq in [*self._waiting, *self._prefilling, *self._decoding]:
                 if seq.request.request_id in cancelled:
                     self._finish(seq, "abort", "")
-        while self._waiting and len(self._prefilling) + len(self._decoding) < self.config.max_num_seqs:
+        while (
+            self._waiting and len(self._prefilling) + len(self._decoding) < self.config.max_num_seqs
+        ):
             seq = self._waiting.popleft()
             seq.started_at = time.perf_counter()
             self._prefilling.append(seq)
@@ -407,16 +413,19 @@ class Engine:
             logits = self.model(inputs, cache=layers)[:, -1, :]
         else:  # caches that cannot be decoded side by side: one forward each
             logits = mx.concatenate(
-                [self.model(inputs[i : i + 1], cache=s.caches)[:, -1, :] for i, s in enumerate(seqs)]
+                [
+                    self.model(inputs[i : i + 1], cache=s.caches)[:, -1, :]
+                    for i, s in enumerate(seqs)
+                ]
             )
-        sampled = [s.sampler.sample(logits[i]) for i, s in enumerate(seqs)]
-        mx.eval(sampled)
+        sampled = mx.stack([s.sampler.sample(logits[i]) for i, s in enumerate(seqs)])
+        token_ids = cast(list[int], sampled.tolist())
         now = time.perf_counter()
         self._decode_steps += 1
         if self._decode_steps % _CLEAR_EVERY == 0:
             mx.clear_cache()
-        for seq, token in zip(seqs, sampled):
-            self._accept(seq, int(token.item()), now)
+        for seq, token in zip(seqs, token_ids):
+            self._accept(seq, token, now)
 
     def _accept(self, seq: _Sequence, token: int, now: float) -> None:
         seq.generated.append(token)

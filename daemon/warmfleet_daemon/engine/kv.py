@@ -24,7 +24,7 @@ class KVSlice:
 
 @dataclass(frozen=True)
 class Snapshot:
-    cache_type: type
+    cache_type: type[Any]
     state: Any
     meta_state: Any
 
@@ -99,7 +99,7 @@ def cache_arrays(caches: Sequence[Any]) -> list[mx.array]:
 
 def _from_snapshot(layer: LayerState) -> Any:
     assert isinstance(layer, Snapshot)
-    cache = layer.cache_type.__new__(layer.cache_type)
+    cache = object.__new__(layer.cache_type)  # like _BaseCache.from_state: no __init__
     cache.state = _copy_tree(layer.state)
     if layer.meta_state is not None:
         cache.meta_state = layer.meta_state

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -52,10 +52,7 @@ class GGUFError(ValueError):
 
 def load_gguf(path: Path, *, keep_quantized: bool) -> tuple[nn.Module, TokenizerWrapper, int]:
     """Return (model, tokenizer, context_length) for a llama-architecture GGUF file."""
-    try:
-        tensors, meta = mx.load(str(path), return_metadata=True)
-    except Exception as exc:  # mx.load raises bare RuntimeError/ValueError on bad files
-        raise GGUFError(f"cannot read GGUF file {path}: {exc}") from exc
+    tensors, meta = _read(path)
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise GGUFError(
@@ -183,7 +180,11 @@ def _tokenizer(meta: dict[str, Any], path: Path) -> TokenizerWrapper:
     # GGUF token type 3 = control token (chat markers, EOS): never split, skipped on decode.
     types = meta["tokenizer.ggml.token_type"].tolist()
     tok.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == 3]
+        [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, t in enumerate(types)
+            if t == 3
+        ]
     )
 
     def special(key: str) -> str | None:
@@ -203,8 +204,12 @@ def _tokenizer(meta: dict[str, Any], path: Path) -> TokenizerWrapper:
 
 def load_gguf_tokenizer(path: Path) -> TokenizerWrapper:
     """Only the tokenizer and chat template of a GGUF file."""
+    return _tokenizer(_read(path)[1], path)
+
+
+def _read(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     try:
-        _, meta = mx.load(str(path), return_metadata=True)
-    except Exception as exc:  # see load_gguf
+        loaded = mx.load(str(path), return_metadata=True)
+    except Exception as exc:  # mx.load raises bare RuntimeError/ValueError on bad files
         raise GGUFError(f"cannot read GGUF file {path}: {exc}") from exc
-    return _tokenizer(meta, path)
+    return cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)

@@ -1,0 +1,90 @@
+"""Real daemons: `warmfleet serve` in a subprocess on 127.0.0.1, reached over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+
+@dataclass
+class Daemon:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_daemon(*args: str, timeout: float = 180) -> Daemon:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "warmfleet_daemon.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *args,
+    ]
+    process = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daemon exited with {process.returncode}: {cmd}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return Daemon(url, process)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"daemon not ready after {timeout}s: {cmd}")
+
+
+@pytest.fixture(scope="session")
+def daemon_factory() -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def factory(*args: str) -> Daemon:
+        daemon = start_daemon(*args)
+        started.append(daemon)
+        return daemon
+
+    yield factory
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_daemon(daemon_factory: Callable[..., Daemon]) -> Daemon:
+    return daemon_factory("--model", "tiny-random", "--block-size", "32")
+
+
+@pytest.fixture(scope="session")
+def embedded_daemon(daemon_factory: Callable[..., Daemon]) -> Daemon:
+    return daemon_factory("--model", "default")
