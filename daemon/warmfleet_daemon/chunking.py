@@ -9,8 +9,8 @@ it is cached: boundaries at absolute multiples of the block size, plus the promp
 of the cache is exactly one such chunk, keyed by the chain of all tokens up to its end;
 reuse can only happen where both plans agree, which the chained key checks for free.
 
-The last prompt token is not part of any chunk: it is fed by the first decode step,
-which produces the first output token.
+The final chunk ends with the prompt's last token; its logits give the first output
+token (and are stored with its block, so an exact repeat computes nothing).
 """
 
 from __future__ import annotations
@@ -45,28 +45,21 @@ def chain_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
     return h.digest()
 
 
-def prefill_length(num_tokens: int) -> int:
-    """Tokens prefilled in chunks; the last one goes through the first decode step."""
-    return max(num_tokens - 1, 0)
-
-
 def plan_chunks(
     tokens: Sequence[int],
     *,
     block_size: int,
     cuts: Iterable[int] = (),
     root: BlockKey,
-    include_last: bool = False,
 ) -> list[Chunk]:
-    """Split the prefill region of `tokens` into chunks with chained keys.
+    """Split `tokens` into chunks with chained keys.
 
-    Boundaries: every multiple of `block_size`, every cut inside the region, and the
-    region's end. Deterministic in (tokens, block_size, cuts): never in cache state.
-    `include_last` makes the region all of `tokens` (warm-up prefixes: nothing decodes).
+    Boundaries: every multiple of `block_size`, every cut, and the end. Deterministic
+    in (tokens, block_size, cuts): never in cache state.
     """
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
-    n = len(tokens) if include_last else prefill_length(len(tokens))
+    n = len(tokens)
     bounds = set(range(block_size, n, block_size))
     bounds.update(c for c in cuts if 0 < c < n)
     if n:

@@ -63,7 +63,7 @@ def test_two_prompts_sharing_a_prefix_compute_it_once(tiny, make_engine) -> None
     engine = make_engine(tiny, block_size=32)
     events = run(engine, request(a, (256,)), request(b, (256,)))
     total_prefill = engine.stats().prefill_tokens_total
-    assert total_prefill == 256 + (len(a) - 1 - 256) + (len(b) - 1 - 256)
+    assert total_prefill == 256 + (len(a) - 256) + (len(b) - 256)
     assert sorted(e[-1].usage.cached_tokens for e in events) == [0, 256]
 
 

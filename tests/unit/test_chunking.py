@@ -9,21 +9,19 @@ ROOT = root_key("m")
 
 
 def bounds(n: int, block: int, cuts: tuple[int, ...] = ()) -> list[tuple[int, int]]:
-    return [
-        (c.start, c.end)
-        for c in plan_chunks(list(range(n)), block_size=block, cuts=cuts, root=ROOT)
-    ]
+    chunks = plan_chunks(list(range(n)), block_size=block, cuts=cuts, root=ROOT)
+    return [(c.start, c.end) for c in chunks]
 
 
-def test_blocks_are_absolute_multiples_plus_cuts_and_exclude_the_last_token() -> None:
-    assert bounds(10, 4) == [(0, 4), (4, 8), (8, 9)]
-    assert bounds(10, 4, cuts=(6,)) == [(0, 4), (4, 6), (6, 8), (8, 9)]
-    assert bounds(9, 4) == [(0, 4), (4, 8)]
-    assert bounds(1, 4) == []  # the only token goes to the first decode step
+def test_blocks_are_absolute_multiples_plus_cuts_plus_the_end() -> None:
+    assert bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert bounds(10, 4, cuts=(6,)) == [(0, 4), (4, 6), (6, 8), (8, 10)]
+    assert bounds(8, 4) == [(0, 4), (4, 8)]
+    assert bounds(1, 4) == [(0, 1)]
 
 
-def test_cuts_outside_the_prefill_region_are_ignored() -> None:
-    assert bounds(6, 8, cuts=(0, 5, 6, 40)) == [(0, 5)]
+def test_cuts_outside_the_prompt_are_ignored() -> None:
+    assert bounds(6, 8, cuts=(0, 5, 6, 40)) == [(0, 5), (5, 6)]
 
 
 @given(
@@ -31,10 +29,10 @@ def test_cuts_outside_the_prefill_region_are_ignored() -> None:
     block=st.integers(1, 130),
     cuts=st.lists(st.integers(-5, 700), max_size=6),
 )
-def test_plans_tile_the_prefill_region(n: int, block: int, cuts: list[int]) -> None:
+def test_plans_tile_the_prompt(n: int, block: int, cuts: list[int]) -> None:
     chunks = plan_chunks(list(range(n)), block_size=block, cuts=cuts, root=ROOT)
     assert [c.start for c in chunks[1:]] == [c.end for c in chunks[:-1]]
     assert (chunks[0].start if chunks else 0) == 0
-    assert (chunks[-1].end if chunks else 0) == max(n - 1, 0)
+    assert (chunks[-1].end if chunks else 0) == n
     assert all(0 < c.size <= block for c in chunks)
     assert len({c.key for c in chunks}) == len(chunks)

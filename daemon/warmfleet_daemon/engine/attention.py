@@ -114,15 +114,19 @@ def _one(
 def exp2_attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float, *, causal: bool
 ) -> mx.array:
-    """softmax(q k^T * scale) v with grouped KV heads, computed with exp2."""
+    """softmax(q k^T * scale) v with grouped KV heads, computed with exp2. The query
+    heads that share a KV head are stacked as rows: fewer, larger matmuls."""
     batch, heads, length, dim = q.shape
     kv_heads, keys_len = k.shape[1], k.shape[2]
-    q = (q * (scale * _LOG2E)).reshape(batch, kv_heads, heads // kv_heads, length, dim)
-    scores = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)
+    group = heads // kv_heads
+    q = (q * (scale * _LOG2E)).reshape(batch, kv_heads, group * length, dim)
+    scores = q @ k.swapaxes(-1, -2)
     if causal and length > 1:
         rows = mx.arange(keys_len - length, keys_len)[:, None]
-        scores = scores + mx.where(rows >= mx.arange(keys_len)[None], 0.0, -mx.inf)
+        mask = mx.where(rows >= mx.arange(keys_len)[None], 0.0, -mx.inf)
+        shape = scores.shape
+        scores = (scores.reshape(batch, kv_heads, group, length, keys_len) + mask).reshape(shape)
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = mx.power(2.0, scores)
-    out = (weights @ mx.expand_dims(v, 2)) / weights.sum(axis=-1, keepdims=True)
+    out = (weights @ v) / weights.sum(axis=-1, keepdims=True)
     return out.reshape(batch, heads, length, -1)

@@ -24,7 +24,6 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, cast
 
 import mlx.core as mx
@@ -104,11 +103,6 @@ class EngineStats:
     prefill_tokens_total: int  # tokens actually computed by prefill
 
 
-class _Phase(Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
 @dataclass(eq=False)
 class _Sequence:
     request: GenerationRequest
@@ -119,15 +113,15 @@ class _Sequence:
     sampler: Sampler
     detokenizer: Any
     stops: StopStringFilter
-    phase: _Phase = _Phase.PREFILL
     caches: list[Any] | None = None
     next_chunk: int = 0
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
-    next_input: int = 0
+    next_input: int = -1  # the last sampled token, fed by the next decode step
     started_at: float | None = None
     first_token_at: float | None = None
     skipped: int = 0
+    final_logits: mx.array | None = None  # (1, vocab) at the prompt's last token
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -137,6 +131,22 @@ class _Sequence:
     def remaining_prefill(self) -> int:
         done = self.chunks[self.next_chunk - 1].end if self.next_chunk else 0
         return (self.chunks[-1].end if self.chunks else 0) - done
+
+
+# mlx-lm model types whose __call__ is `head(self.model(inputs, cache))`: for them the
+# final prefill chunk runs the LM head on its last position only, not on every row.
+_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def last_position_logits(model: Any, inputs: mx.array, cache: list[Any]) -> mx.array:
+    """Logits (1, vocab) of the last input position, extending `cache`."""
+    args = getattr(model, "args", None)
+    if getattr(args, "model_type", None) in _PLAIN_HEAD_TYPES and hasattr(model, "model"):
+        hidden = model.model(inputs, cache)[:, -1:, :]
+        if getattr(args, "tie_word_embeddings", False):
+            return model.model.embed_tokens.as_linear(hidden)[:, -1, :]  # type: ignore[no-any-return]
+        return model.lm_head(hidden)[:, -1, :]  # type: ignore[no-any-return]
+    return model(inputs, cache=cache)[:, -1, :]  # type: ignore[no-any-return]
 
 
 def _wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
@@ -212,16 +222,11 @@ class Engine:
             arrival=next(self._arrivals),
             submitted_at=time.perf_counter(),
             chunks=plan_chunks(
-                tokens,
-                block_size=self.config.block_size,
-                cuts=request.prompt.cuts,
-                root=self._root,
-                include_last=request.prefill_only,
+                tokens, block_size=self.config.block_size, cuts=request.prompt.cuts, root=self._root
             ),
             sampler=Sampler(request.sampling),
             detokenizer=self.loaded.tokenizer.detokenizer,
             stops=StopStringFilter(request.sampling.stop),
-            next_input=tokens[-1],
         )
         with self._lock:
             self._inbox.append(seq)
@@ -367,38 +372,71 @@ class Engine:
 
     def _prefill_step(self, seq: _Sequence) -> None:
         if seq.caches is None:
-            match = self.cache.match(seq.chunks)
-            seq.caches = kv.restore(match.payloads, make_prompt_cache(self.model))
-            seq.next_chunk = match.blocks
-            seq.cached_tokens = match.tokens
+            payloads = self._usable(seq, self.cache.match(seq.chunks).payloads)
+            seq.caches = kv.restore(payloads, make_prompt_cache(self.model), self._capacity(seq))
+            seq.next_chunk = len(payloads)
+            seq.cached_tokens = seq.chunks[len(payloads) - 1].end if payloads else 0
         else:
             # Blocks another sequence stored since our last turn.
-            more = self.cache.match(seq.chunks, start=seq.next_chunk)
-            for payload, chunk in zip(more.payloads, seq.chunks[seq.next_chunk :]):
+            more = self._usable(seq, self.cache.match(seq.chunks, start=seq.next_chunk).payloads)
+            for payload in more:
                 seq.caches = kv.append_block(seq.caches, payload)
-                seq.cached_tokens += chunk.size
-            seq.next_chunk += more.blocks
+                seq.cached_tokens += seq.chunks[seq.next_chunk].size
+                seq.next_chunk += 1
+                seq.final_logits = payload.logits
         if seq.next_chunk < len(seq.chunks):
             self._compute_chunk(seq)
-        if seq.next_chunk == len(seq.chunks):
-            if seq.request.prefill_only:
-                self._finish(seq, "prefilled", "")
-                return
-            self.cache.record_query(len(seq.tokens), seq.cached_tokens)
-            self._prefilling.remove(seq)
-            seq.phase = _Phase.DECODE
-            self._decoding.append(seq)
+        if seq.next_chunk < len(seq.chunks):
+            return
+        if seq.request.prefill_only:
+            self._finish(seq, "prefilled", "")
+            return
+        self.cache.record_query(len(seq.tokens), seq.cached_tokens)
+        self._prefilling.remove(seq)
+        self._decoding.append(seq)
+        assert seq.final_logits is not None
+        token = cast(int, seq.sampler.sample(seq.final_logits[0]).item())
+        seq.final_logits = None
+        self._accept(seq, token, time.perf_counter())
+
+    def _usable(
+        self, seq: _Sequence, payloads: tuple[kv.BlockPayload, ...]
+    ) -> list[kv.BlockPayload]:
+        """Matched blocks a sequence can take: the prompt's final block only with the
+        logits its first token is sampled from."""
+        out = list(payloads)
+        final = len(out) and seq.next_chunk + len(out) == len(seq.chunks)
+        if final and not seq.request.prefill_only and out[-1].logits is None:
+            out.pop()
+        if out and out[-1].logits is not None:
+            seq.final_logits = out[-1].logits
+        return out
+
+    def _capacity(self, seq: _Sequence) -> int:
+        # Room for the prompt and some decoding, so the KV buffers never regrow (and copy
+        # themselves) during prefill.
+        return len(seq.tokens) + min(seq.request.sampling.max_tokens, 256)
 
     def _compute_chunk(self, seq: _Sequence) -> None:
         assert seq.caches is not None
         chunk = seq.chunks[seq.next_chunk]
-        self.model(mx.array(seq.tokens[chunk.start : chunk.end])[None], cache=seq.caches)
-        mx.eval(kv.cache_arrays(seq.caches))
+        final = seq.next_chunk == len(seq.chunks) - 1 and not seq.request.prefill_only
+        inputs = mx.array(seq.tokens[chunk.start : chunk.end])[None]
+        if final:
+            logits: mx.array | None = last_position_logits(self.model, inputs, seq.caches)
+            mx.eval(logits, kv.cache_arrays(seq.caches))
+        else:
+            logits = None
+            self.model(inputs, cache=seq.caches)
+            mx.eval(kv.cache_arrays(seq.caches))
+        if seq.next_chunk == 0:
+            kv.reserve(seq.caches, self._capacity(seq))
         self._prefill_total += chunk.size
         parent = seq.chunks[seq.next_chunk - 1].key if seq.next_chunk else None
         if chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
-            payload = kv.extract_block(seq.caches, chunk.start, chunk.end)
+            payload = kv.extract_block(seq.caches, chunk.start, chunk.end, logits)
             self.cache.insert(chunk, parent, payload, payload.nbytes)
+        seq.final_logits = logits
         seq.next_chunk += 1
         mx.clear_cache()
 

@@ -36,9 +36,12 @@ LayerState = KVSlice | Snapshot
 class BlockPayload:
     layers: tuple[LayerState, ...]
     nbytes: int
+    logits: mx.array | None = None  # (1, vocab) at the block's last token, if computed
 
 
-def extract_block(caches: Sequence[Any], start: int, end: int) -> BlockPayload:
+def extract_block(
+    caches: Sequence[Any], start: int, end: int, logits: mx.array | None = None
+) -> BlockPayload:
     """Copy what tokens [start, end) added to each layer (evaluated, owning its memory)."""
     layers: list[LayerState] = []
     for cache in caches:
@@ -53,13 +56,16 @@ def extract_block(caches: Sequence[Any], start: int, end: int) -> BlockPayload:
             state = _copy_tree(cache.state)
             layers.append(Snapshot(type(cache), state, getattr(cache, "meta_state", None)))
     arrays = [a for layer in layers for a in _arrays(layer)]
+    if logits is not None:
+        arrays.append(logits)
     mx.eval(arrays)
-    return BlockPayload(tuple(layers), sum(a.nbytes for a in arrays))
+    return BlockPayload(tuple(layers), sum(a.nbytes for a in arrays), logits)
 
 
-def restore(blocks: Sequence[BlockPayload], fresh: list[Any]) -> list[Any]:
-    """Caches equal to those after prefilling the chained `blocks` (root first).
-    `fresh` is a new empty cache list for the model, used for its layer types."""
+def restore(blocks: Sequence[BlockPayload], fresh: list[Any], capacity: int) -> list[Any]:
+    """Caches equal to those after prefilling the chained `blocks` (root first), with
+    KV buffers for `capacity` tokens. `fresh` is a new empty cache list for the model,
+    used for its layer types."""
     if not blocks:
         return fresh
     out: list[Any] = []
@@ -67,14 +73,36 @@ def restore(blocks: Sequence[BlockPayload], fresh: list[Any]) -> list[Any]:
         if type(template) is KVCache:
             slices = [b.layers[i] for b in blocks]
             assert all(isinstance(s, KVSlice) for s in slices)
+            keys = [s.keys for s in slices]  # type: ignore[union-attr]
+            values = [s.values for s in slices]  # type: ignore[union-attr]
+            length = sum(k.shape[2] for k in keys)
             cache = KVCache()
-            keys = mx.concatenate([s.keys for s in slices], axis=2)  # type: ignore[union-attr]
-            values = mx.concatenate([s.values for s in slices], axis=2)  # type: ignore[union-attr]
-            cache.state = (keys, values, keys.shape[2])
+            cache.state = (_padded(keys, capacity), _padded(values, capacity), length)
             out.append(cache)
         else:
             out.append(_from_snapshot(blocks[-1].layers[i]))
     return out
+
+
+def reserve(caches: Sequence[Any], capacity: int) -> None:
+    """Grow KV buffers to `capacity` tokens in one copy (KVCache grows 256 at a time,
+    copying the whole buffer each time)."""
+    for cache in caches:
+        if type(cache) is KVCache and cache.keys is not None and cache.keys.shape[2] < capacity:
+            length = cache.offset
+            cache.keys = _padded([cache.keys[..., :length, :]], capacity)
+            cache.values = _padded([cache.values[..., :length, :]], capacity)
+
+
+def _padded(parts: list[mx.array], capacity: int) -> mx.array:
+    length = sum(p.shape[2] for p in parts)
+    step = KVCache.step
+    room = -(-max(capacity, length) // step) * step - length
+    if room:
+        b, h, _, d = parts[0].shape
+        parts = [*parts, mx.zeros((b, h, room, d), dtype=parts[0].dtype)]
+    # Always a new array: caches write into theirs in place, payloads must stay intact.
+    return mx.concatenate(parts, axis=2) if len(parts) > 1 else mx.contiguous(parts[0])
 
 
 def append_block(caches: list[Any], block: BlockPayload) -> list[Any]:
