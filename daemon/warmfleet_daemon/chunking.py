@@ -4,8 +4,8 @@ Why a plan at all: CPU BLAS kernels (and GPU GEMM tilings) round differently for
 different matrix shapes, so the KV of a token depends on the chunk it was prefilled
 in. If a cache hit changed where chunks start, a cached response would drift from the
 uncached one. So every prompt is prefilled in the same chunks whether or not part of
-it is cached: boundaries at absolute multiples of the block size, plus the prompt's
-"cut" points (where a message's content starts, the same place warm-up cuts). A block
+it is cached: at the prompt's "cut" points (where a message's content starts, the
+same place warm-up cuts) and every block-size tokens in between. A block
 of the cache is exactly one such chunk, keyed by the chain of all tokens up to its end;
 reuse can only happen where both plans agree, which the chained key checks for free.
 
@@ -54,19 +54,23 @@ def plan_chunks(
 ) -> list[Chunk]:
     """Split `tokens` into chunks with chained keys.
 
-    Boundaries: every multiple of `block_size`, every cut, and the end. Deterministic
-    in (tokens, block_size, cuts): never in cache state.
+    Boundaries: every cut, and from each cut (and from 0) every `block_size` tokens
+    until the next cut or the end. Counting from the cut, not from 0, keeps a short
+    user message after a warm prefix in one chunk (one forward pass) wherever the
+    prefix happens to end. Deterministic in (tokens, block_size, cuts): never in
+    cache state.
     """
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     n = len(tokens)
-    bounds = set(range(block_size, n, block_size))
-    bounds.update(c for c in cuts if 0 < c < n)
-    if n:
-        bounds.add(n)
+    starts = sorted({0, *(c for c in cuts if 0 < c < n)})
+    bounds: list[int] = []
+    for start, stop in zip(starts, [*starts[1:], n]):
+        bounds.extend(range(start + block_size, stop, block_size))
+        bounds.append(stop)
     chunks: list[Chunk] = []
     start, parent = 0, root
-    for end in sorted(bounds):
+    for end in bounds if n else []:
         key = chain_key(parent, tokens[start:end])
         chunks.append(Chunk(start, end, key))
         start, parent = end, key

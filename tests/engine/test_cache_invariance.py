@@ -106,7 +106,7 @@ def test_caches_that_cannot_be_trimmed_resume_from_block_snapshots(spec, make_en
     assert tokens_of(events) == expected
     assert events[-1].usage.cached_tokens == split
     # a prompt that diverges inside a block resumes from the block boundary before it
-    other = tokens[:75] + [rng.randrange(*VOCAB) for _ in range(30)]
+    other = tokens[:75] + [rng.randrange(*VOCAB) for _ in range(30)]  # no cuts: 16, 32, ...
     engine.clear_prefix_cache()
     want = cold(engine, other, ())
     run(engine, request(tokens, ()))

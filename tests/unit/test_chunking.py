@@ -13,9 +13,10 @@ def bounds(n: int, block: int, cuts: tuple[int, ...] = ()) -> list[tuple[int, in
     return [(c.start, c.end) for c in chunks]
 
 
-def test_blocks_are_absolute_multiples_plus_cuts_plus_the_end() -> None:
+def test_blocks_count_from_each_cut() -> None:
     assert bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
-    assert bounds(10, 4, cuts=(6,)) == [(0, 4), (4, 6), (6, 8), (8, 10)]
+    assert bounds(10, 4, cuts=(6,)) == [(0, 4), (4, 6), (6, 10)]
+    assert bounds(13, 4, cuts=(2, 5)) == [(0, 2), (2, 5), (5, 9), (9, 13)]
     assert bounds(8, 4) == [(0, 4), (4, 8)]
     assert bounds(1, 4) == [(0, 1)]
 
