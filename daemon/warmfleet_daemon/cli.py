@@ -39,6 +39,19 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, help="prefill chunk / cache block, in tokens")
     p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
     p.add_argument("--default-max-tokens", type=int)
+    p.add_argument(
+        "--warm-prompts",
+        metavar="FILE",
+        help="prompts to warm at start: vllm-mlx's JSON list of message lists, or a "
+        "JSON/YAML list of {name, messages, tools}",
+    )
+    p.add_argument("--warm-prompts-concurrency", type=int, metavar="N")
+    p.add_argument("--state-dir", help="keep pushed warm sets here; re-warm them after a restart")
+    p.add_argument(
+        "--admin-token-file",
+        metavar="FILE",
+        help="bearer token for the admin routes (or WARMFLEET_ADMIN_TOKEN)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -49,6 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
     from warmfleet_daemon.api.app import create_app
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.settings import DaemonSettings
+    from warmfleet_daemon.warming import read_warm_prompts_file
 
     overrides = {
         k: v
@@ -56,9 +70,22 @@ def _serve(args: argparse.Namespace) -> int:
         if v is not None and k in DaemonSettings.model_fields and k != "log_level"
     }
     try:
+        if args.admin_token_file:
+            with open(args.admin_token_file) as f:
+                overrides["admin_token"] = f.read().strip()
         settings = DaemonSettings(**overrides, log_level=args.log_level)
-    except ValidationError as exc:
-        print(f"warmfleet serve: invalid settings:\n{exc}", file=sys.stderr)
+        if settings.warm_prompts:
+            read_warm_prompts_file(settings.warm_prompts)  # fail now, not after loading
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"warmfleet serve: {exc}", file=sys.stderr)
+        return 2
+    if not settings.admin_token and not settings.binds_loopback():
+        print(
+            f"warmfleet serve: refusing to listen on {settings.host} without an admin token: "
+            "the warm-set and cache routes would be open to the network. Pass "
+            "--admin-token-file FILE or set WARMFLEET_ADMIN_TOKEN.",
+            file=sys.stderr,
+        )
         return 2
     log_blas(ensure_fast_blas(), on_gpu=on_gpu())
     base = f"http://{settings.host}:{settings.port}"

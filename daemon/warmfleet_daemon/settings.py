@@ -42,9 +42,24 @@ class DaemonSettings(BaseSettings):
     max_request_bytes: int = Field(8 * MiB, ge=1024)
     log_level: str = "info"
 
+    # Warm prompts and the push API.
+    warm_prompts: str | None = Field(None, description="JSON/YAML file of prompts to warm")
+    warm_prompts_concurrency: int = Field(2, ge=1, le=16)
+    state_dir: str | None = Field(None, description="keep pushed warm sets here across restarts")
+    admin_token: str | None = Field(
+        None, description="bearer token for the admin routes (warm sets, cache)", repr=False
+    )
+    max_warm_sets: int = Field(64, ge=1)
+    max_warm_prompts_per_set: int = Field(64, ge=1)
+    max_warm_message_chars: int = Field(200_000, ge=1)
+    max_pinned_fraction: float = Field(0.8, gt=0.0, le=1.0)
+
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()
         return mb * MiB
+
+    def binds_loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "::1", "localhost") or self.host.startswith("127.")
 
     def resolved_block_size(self, on_gpu: bool) -> int:
         # CPU prefill is about as fast in 128-token chunks as in 512 ones, and small

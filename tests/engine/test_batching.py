@@ -96,3 +96,15 @@ def test_cancel_frees_the_slot_and_ends_the_stream(tiny, make_engine) -> None:
 def test_single_token_prompt(tiny, make_engine) -> None:
     events = run(make_engine(tiny), request([1234], sampling=greedy(3)))[0]
     assert len(tokens_of(events)) == 3 and events[-1].usage.cached_tokens == 0
+
+
+def test_a_request_arriving_during_warm_up_does_not_pay_for_the_prefix_twice(
+    tiny, make_engine
+) -> None:
+    rng = random.Random(8)
+    prefix = prompt(rng, 300)
+    real = prefix + prompt(rng, 20)
+    engine = make_engine(tiny, block_size=32)
+    events = run(engine, request(prefix, prefill_only=True), request(real, (300,)))
+    assert engine.stats().prefill_tokens_total == len(real)
+    assert events[1][-1].usage.cached_tokens == 300

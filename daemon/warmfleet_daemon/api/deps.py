@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -27,3 +28,24 @@ def get_ready(state: Annotated[DaemonState, Depends(get_state)]) -> Ready:
 
 StateDep = Annotated[DaemonState, Depends(get_state)]
 ReadyDep = Annotated[Ready, Depends(get_ready)]
+
+
+def require_admin(request: Request, state: StateDep) -> None:
+    """Admin routes need `Authorization: Bearer <token>` when a token is configured
+    (compared in constant time). Without one the daemon only binds to loopback."""
+    token = state.settings.admin_token
+    if not token:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise APIError(
+            401,
+            "this route needs an admin token: Authorization: Bearer <token>",
+            code="missing_token",
+        )
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise APIError(403, "the admin token is not valid", code="invalid_token")
+
+
+AdminDep = Depends(require_admin)

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,9 +23,23 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    409: "conflict_error",
     422: "invalid_request_error",
     503: "service_unavailable",
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The error body of every route (OpenAI's shape)."""
+
+    error: ErrorDetail
 
 
 class APIError(Exception):
@@ -64,7 +79,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first: dict[str, Any] = dict(errors[0]) if errors else {"msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        loc = [str(p) for p in first.get("loc", ())]
+        if loc and loc[0] in ("body", "path", "query", "header"):
+            loc = loc[1:]
         if first.get("type") == "json_invalid":
             message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
             loc = []

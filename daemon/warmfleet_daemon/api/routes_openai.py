@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
+from warmfleet_daemon.api.errors import ErrorResponse
 from warmfleet_daemon.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -17,7 +18,6 @@ from warmfleet_daemon.api.schemas import (
     Completion,
     CompletionChoice,
     CompletionRequest,
-    ErrorResponse,
     ModelCard,
     ModelList,
     UsageInfo,

@@ -20,11 +20,17 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(state: StateDep) -> JSONResponse:
-    if state.ready is not None:
-        return JSONResponse({"status": "ready", "model": state.served_name()})
-    body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
-    return JSONResponse(body, status_code=503)
+async def readyz(state: StateDep, warm: bool = False) -> JSONResponse:
+    """Ready once the model is loaded; with `?warm=1`, once every warm prompt is warm."""
+    if state.ready is None:
+        body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
+        return JSONResponse(body, status_code=503)
+    if warm:
+        all_warm, detail = state.ready.warm.readiness()
+        if not all_warm:
+            return JSONResponse({"status": "warming", "detail": detail}, status_code=503)
+        return JSONResponse({"status": "ready", "model": state.served_name(), "detail": detail})
+    return JSONResponse({"status": "ready", "model": state.served_name()})
 
 
 @router.get("/v1/status")
@@ -45,4 +51,5 @@ async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
             "hit_rate": cache.hit_rate,
             "tokens_saved": cache.tokens_saved,
         },
+        "warm_sets": [s.model_dump() for s in ready.warm.list()],
     }

@@ -6,47 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Role
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-
-    def as_template_message(self) -> dict[str, Any]:
-        """The dict handed to the chat template (text parts joined)."""
-        out: dict[str, Any] = {"role": self.role}
-        if isinstance(self.content, list):
-            out["content"] = "".join(p.text for p in self.content)
-        else:
-            out["content"] = self.content if self.content is not None else ""
-        for key in ("name", "tool_calls", "tool_call_id"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        return out
-
-
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ToolDefinition(BaseModel):
-    type: Literal["function"]
-    function: FunctionDefinition
+from warmfleet_daemon.contract import ChatMessage, ToolDefinition
 
 
 class StreamOptions(BaseModel):
@@ -183,14 +143,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail

@@ -16,6 +16,8 @@ from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
 from warmfleet_daemon.settings import DaemonSettings
+from warmfleet_daemon.state_store import StateStore
+from warmfleet_daemon.warming import Limits, WarmManager, WarmSetError, read_warm_prompts_file
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,7 @@ class Ready:
     engine: Engine
     prompts: PromptBuilder
     model_ids: frozenset[str]
+    warm: WarmManager
 
     @property
     def model(self) -> LoadedModel:
@@ -61,12 +64,38 @@ class DaemonState:
         )
 
     def attach(self, engine: Engine) -> None:
+        """Serve `engine`: start it, then restore and warm the warm sets."""
+        settings = self.settings
         engine.start()
         loaded = engine.loaded
-        ids = {loaded.name, self.settings.model, "default"}
-        if self.settings.served_model_name:
-            ids.add(self.settings.served_model_name)
-        self.ready = Ready(engine, PromptBuilder(loaded.tokenizer), frozenset(ids))
+        ids = {loaded.name, settings.model, "default"}
+        if settings.served_model_name:
+            ids.add(settings.served_model_name)
+        prompts = PromptBuilder(loaded.tokenizer)
+        warm = WarmManager(
+            engine,
+            prompts,
+            limits=Limits(
+                max_sets=settings.max_warm_sets,
+                max_prompts_per_set=settings.max_warm_prompts_per_set,
+                max_message_chars=settings.max_warm_message_chars,
+                max_pinned_fraction=settings.max_pinned_fraction,
+            ),
+            store=StateStore(settings.state_dir) if settings.state_dir else None,
+        )
+        warm.start()
+        self.ready = Ready(engine, prompts, frozenset(ids), warm)
+        warm.restore()
+        if settings.warm_prompts:
+            self._apply_warm_prompts_file(warm, settings.warm_prompts)
+
+    def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
+        try:
+            spec = read_warm_prompts_file(path, concurrency=self.settings.warm_prompts_concurrency)
+            warm.apply("local", "warm-prompts", spec, persist=False, keep_going=True)
+            log.info("Warming %d prompt(s) from %s in the background", len(spec.prompts), path)
+        except (ValueError, WarmSetError) as exc:
+            log.error("--warm-prompts %s not applied: %s", path, getattr(exc, "message", exc))
 
     def served_name(self) -> str:
         if self.settings.served_model_name:
@@ -75,4 +104,5 @@ class DaemonState:
 
     def shutdown(self) -> None:
         if self.ready is not None:
+            self.ready.warm.stop()
             self.ready.engine.stop()

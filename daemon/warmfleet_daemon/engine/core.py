@@ -85,9 +85,12 @@ class GenerationRequest:
     prompt: RenderedPrompt
     sampling: SamplingParams
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # Warm-up: prefill every token (none is held back for decoding), store the blocks,
-    # generate nothing; finishes with reason "prefilled".
+    # Warm-up: prefill and store the blocks, generate nothing; finishes with reason
+    # "prefilled". With `pin`, the engine pins the prompt's blocks as it finishes (in
+    # its own thread, so nothing can evict them in between); if they are not all
+    # stored (the cache budget is too small) it finishes with reason "error" instead.
     prefill_only: bool = False
+    pin: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ class Engine:
         self._requests_total = 0
         self._generated_total = 0
         self._prefill_total = 0
+        self._bytes_per_token, self._bytes_per_block = self._measure_block_bytes()
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -221,9 +225,7 @@ class Engine:
             sink=sink,
             arrival=next(self._arrivals),
             submitted_at=time.perf_counter(),
-            chunks=plan_chunks(
-                tokens, block_size=self.config.block_size, cuts=request.prompt.cuts, root=self._root
-            ),
+            chunks=self.plan(request.prompt),
             sampler=Sampler(request.sampling),
             detokenizer=self.loaded.tokenizer.detokenizer,
             stops=StopStringFilter(request.sampling.stop),
@@ -232,6 +234,30 @@ class Engine:
             self._inbox.append(seq)
             self._requests_total += 1
         self._wake.set()
+
+    def plan(self, prompt: RenderedPrompt) -> list[Chunk]:
+        """The chunks (= cache blocks) this prompt is prefilled in."""
+        return plan_chunks(
+            prompt.tokens, block_size=self.config.block_size, cuts=prompt.cuts, root=self._root
+        )
+
+    def block_bytes(self, tokens: int) -> int:
+        """What a prompt of `tokens` tokens occupies in the prefix cache (an estimate:
+        its blocks' boundaries depend on the prompt)."""
+        blocks = -(-tokens // self.config.block_size) + 1
+        return int(tokens * self._bytes_per_token + blocks * self._bytes_per_block)
+
+    def _measure_block_bytes(self) -> tuple[float, float]:
+        """Bytes per token and per block, from a probe prefill: KV grows with tokens,
+        state snapshots (SSM layers, rotating windows) come once per block."""
+        caches = make_prompt_cache(self.model)
+        sizes: list[int] = []
+        for _ in range(2):
+            self.model(mx.zeros((1, 4), dtype=mx.int32), cache=caches)
+            mx.eval(kv.cache_arrays(caches))
+            sizes.append(kv.extract_block(caches, 0, len(sizes) * 4 + 4).nbytes)
+        per_token = (sizes[1] - sizes[0]) / 4
+        return per_token, max(sizes[0] - 4 * per_token, 0.0)
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -389,7 +415,10 @@ class Engine:
         if seq.next_chunk < len(seq.chunks):
             return
         if seq.request.prefill_only:
-            self._finish(seq, "prefilled", "")
+            if seq.request.pin and not self.cache.pin(c.key for c in seq.chunks):
+                self._finish(seq, "error", "", error="the prompt does not fit in the cache budget")
+            else:
+                self._finish(seq, "prefilled", "")
             return
         self.cache.record_query(len(seq.tokens), seq.cached_tokens)
         self._prefilling.remove(seq)

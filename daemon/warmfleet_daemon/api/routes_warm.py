@@ -1,0 +1,75 @@
+"""The operator's push API (warm sets) and the prefix cache's admin route."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Path
+from fastapi.responses import JSONResponse
+
+from warmfleet_daemon.api.deps import AdminDep, ReadyDep
+from warmfleet_daemon.api.errors import APIError, ErrorResponse
+from warmfleet_daemon.contract import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    CacheClearResult,
+    WarmSetList,
+    WarmSetSpec,
+    WarmSetStatus,
+)
+from warmfleet_daemon.warming import WarmSetError
+
+router = APIRouter(
+    prefix="/v1",
+    dependencies=[AdminDep],
+    responses={
+        400: {"model": ErrorResponse},
+        401: {"model": ErrorResponse},
+        403: {"model": ErrorResponse},
+        404: {"model": ErrorResponse},
+    },
+)
+
+Namespace = Path(pattern=DNS_LABEL, max_length=63)
+Name = Path(pattern=DNS_SUBDOMAIN, max_length=253)
+
+
+@router.put("/warm-sets/{namespace}/{name}", status_code=202, response_model=WarmSetStatus)
+async def put_warm_set(
+    spec: WarmSetSpec, ready: ReadyDep, namespace: str = Namespace, name: str = Name
+) -> WarmSetStatus:
+    """Create or update a warm set. Idempotent: the same content re-warms nothing."""
+    try:
+        return ready.warm.apply(namespace, name, spec)
+    except WarmSetError as exc:
+        raise APIError(exc.status, exc.message, param=exc.param) from exc
+
+
+@router.get("/warm-sets", response_model=WarmSetList)
+async def list_warm_sets(ready: ReadyDep) -> WarmSetList:
+    return WarmSetList(sets=ready.warm.list())
+
+
+@router.get("/warm-sets/{namespace}/{name}", response_model=WarmSetStatus)
+async def get_warm_set(
+    ready: ReadyDep, namespace: str = Namespace, name: str = Name
+) -> WarmSetStatus:
+    found = ready.warm.get(namespace, name)
+    if found is None:
+        raise APIError(404, f"warm set {namespace}/{name} not found", code="not_found")
+    return found
+
+
+@router.delete("/warm-sets/{namespace}/{name}")
+async def delete_warm_set(
+    ready: ReadyDep, namespace: str = Namespace, name: str = Name
+) -> JSONResponse:
+    """Unpin the set's prompts and drop their cache blocks."""
+    if not ready.warm.delete(namespace, name):
+        raise APIError(404, f"warm set {namespace}/{name} not found", code="not_found")
+    return JSONResponse({"status": "deleted", "namespace": namespace, "name": name})
+
+
+@router.delete("/cache/prefix", response_model=CacheClearResult)
+async def clear_prefix_cache(ready: ReadyDep) -> CacheClearResult:
+    """Clear the prefix cache for real (pinned blocks too); warm sets re-warm in the
+    background."""
+    return ready.warm.clear_cache()

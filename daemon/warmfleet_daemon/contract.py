@@ -1,0 +1,140 @@
+"""The push contract between the operator and the daemons: pydantic models only.
+
+The operator imports this module, so it must never import mlx (an import-linter
+contract checks it). The chat message and tool shapes are OpenAI's, shared with the
+daemon's chat API so a warm prompt renders exactly like a request.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+# Kubernetes object name rules, so namespaces and names map 1:1 to WarmPromptSets.
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+PROMPT_NAME = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$"
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Role
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The dict handed to the chat template (text parts joined)."""
+        out: dict[str, Any] = {"role": self.role}
+        if isinstance(self.content, list):
+            out["content"] = "".join(p.text for p in self.content)
+        else:
+            out["content"] = self.content if self.content is not None else ""
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    def text_length(self) -> int:
+        if isinstance(self.content, list):
+            return sum(len(p.text) for p in self.content)
+        return len(self.content or "")
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class WarmPrompt(BaseModel):
+    """One prompt to keep warm: the conversation every request will start with."""
+
+    name: str = Field(pattern=PROMPT_NAME)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_message() for m in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+
+class WarmSetSpec(BaseModel):
+    """Body of `PUT /v1/warm-sets/{namespace}/{name}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(0, ge=0, description="the WarmPromptSet's metadata.generation")
+    prompts: list[WarmPrompt] = Field(default_factory=list, max_length=256)
+    concurrency: int = Field(2, ge=1, le=16, description="warm-ups in flight at once")
+    pin: bool = Field(True, description="keep the warmed blocks out of LRU eviction")
+
+    @field_validator("prompts")
+    @classmethod
+    def _unique_names(cls, prompts: list[WarmPrompt]) -> list[WarmPrompt]:
+        names = [p.name for p in prompts]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"prompt names must be unique; repeated: {', '.join(duplicates)}")
+        return prompts
+
+
+class PromptState(str, Enum):
+    PENDING = "pending"
+    WARMING = "warming"
+    WARM = "warm"
+    FAILED = "failed"
+
+
+class WarmPromptStatus(BaseModel):
+    name: str
+    state: PromptState
+    content_hash: str  # of the rendered, tokenized prefix: what warm-up prefills
+    tokens: int  # prefix length in tokens (the cached_tokens a matching request gets)
+    computed_tokens: int | None = None  # prefilled by the last warm-up (0: was cached)
+    duration_s: float | None = None
+    error: str | None = None
+    warmed_at: float | None = None  # unix time
+
+
+class WarmSetStatus(BaseModel):
+    namespace: str
+    name: str
+    generation: int
+    content_hash: str
+    concurrency: int
+    pin: bool
+    prompts: list[WarmPromptStatus]
+    warm: int
+    total: int
+    updated_at: float
+
+
+class WarmSetList(BaseModel):
+    sets: list[WarmSetStatus]
+
+
+class CacheClearResult(BaseModel):
+    status: Literal["cleared"] = "cleared"
+    rewarm_scheduled: bool
+    entries_removed: int

@@ -1,0 +1,527 @@
+"""Warm sets: prompts pushed by the operator (or read from `--warm-prompts`) whose
+strict prefix is prefilled into the prefix cache, pinned, and re-warmed when they
+change or the cache is cleared.
+
+A prompt's prefix is what every request continuing its conversation with one more
+user message shares (`PromptBuilder.shared_prefix`), tokenized exactly like those
+requests and prefilled in the same chunks, so a request finds all of it cached.
+Warm-ups go through the engine like any request (the port stays open; real requests
+interleave and are scheduled first since they are shorter) with bounded concurrency
+per set. Applying a set validates everything first and changes nothing on error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from warmfleet_daemon.chunking import BlockKey
+from warmfleet_daemon.contract import (
+    CacheClearResult,
+    PromptState,
+    WarmPrompt,
+    WarmPromptStatus,
+    WarmSetSpec,
+    WarmSetStatus,
+)
+from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
+from warmfleet_daemon.engine.sampling import SamplingParams
+from warmfleet_daemon.prompts import PromptBuilder, PromptError, RenderedPrompt
+from warmfleet_daemon.state_store import StateStore
+
+log = logging.getLogger(__name__)
+
+SetKey = tuple[str, str]  # (namespace, name)
+_Rendered = tuple[RenderedPrompt, list[BlockKey], str]  # prefix, its block keys, content hash
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_sets: int = 64
+    max_prompts_per_set: int = 64
+    max_message_chars: int = 200_000
+    max_pinned_fraction: float = 0.8  # of the cache budget; the rest is for traffic
+
+
+class WarmSetError(Exception):
+    """A set that cannot be applied; nothing was changed."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(eq=False)
+class _Prompt:
+    spec: WarmPrompt
+    rendered: RenderedPrompt
+    keys: list[BlockKey]
+    content_hash: str
+    state: PromptState = PromptState.PENDING
+    computed_tokens: int | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    warmed_at: float | None = None
+    pinned: bool = False
+    epoch: int = 0  # the cache epoch its warm-up started in (a clear bumps it)
+
+    def status(self) -> WarmPromptStatus:
+        return WarmPromptStatus(
+            name=self.spec.name,
+            state=self.state,
+            content_hash=self.content_hash,
+            tokens=len(self.rendered.tokens),
+            computed_tokens=self.computed_tokens,
+            duration_s=self.duration_s,
+            error=self.error,
+            warmed_at=self.warmed_at,
+        )
+
+
+@dataclass(eq=False)
+class _Set:
+    namespace: str
+    name: str
+    spec: WarmSetSpec
+    content_hash: str
+    prompts: dict[str, _Prompt]
+    updated_at: float = field(default_factory=time.time)
+
+    def status(self) -> WarmSetStatus:
+        prompts = [p.status() for p in self.prompts.values()]
+        return WarmSetStatus(
+            namespace=self.namespace,
+            name=self.name,
+            generation=self.spec.generation,
+            content_hash=self.content_hash,
+            concurrency=self.spec.concurrency,
+            pin=self.spec.pin,
+            prompts=prompts,
+            warm=sum(p.state is PromptState.WARM for p in prompts),
+            total=len(prompts),
+            updated_at=self.updated_at,
+        )
+
+
+@dataclass
+class _Round:
+    """One burst of warm-ups, reported in one line when it drains."""
+
+    started: float = field(default_factory=time.perf_counter)
+    completed: int = 0
+    skipped: int = 0  # already entirely cached: nothing to compute
+    failed: int = 0
+    tokens: int = 0
+
+
+class WarmManager:
+    def __init__(
+        self,
+        engine: Engine,
+        prompts: PromptBuilder,
+        *,
+        limits: Limits | None = None,
+        store: StateStore | None = None,
+    ) -> None:
+        self.engine = engine
+        self.prompts = prompts
+        self.limits = limits or Limits()
+        self.store = store
+        self._sets: dict[SetKey, _Set] = {}
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._epoch = 0
+        self._round: _Round | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="warmfleet-warmup", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def restore(self) -> int:
+        """Re-apply the sets saved in the state directory. Returns how many."""
+        if self.store is None:
+            return 0
+        applied = 0
+        for (namespace, name), spec in self.store.load().items():
+            try:
+                self.apply(namespace, name, spec, persist=False)
+                applied += 1
+            except WarmSetError as exc:
+                log.error("saved warm set %s/%s not restored: %s", namespace, name, exc.message)
+        if applied:
+            log.info("Restored %d warm set(s) from %s", applied, self.store.path)
+        return applied
+
+    # -- the push API -------------------------------------------------------------
+
+    def apply(
+        self,
+        namespace: str,
+        name: str,
+        spec: WarmSetSpec,
+        *,
+        persist: bool = True,
+        keep_going: bool = False,
+    ) -> WarmSetStatus:
+        """Create or update a set; re-warm only prompts whose prefix changed. A prompt
+        that cannot be rendered rejects the whole set, or with `keep_going` (a file read
+        at start-up) is kept as failed, with its reason, while the others warm."""
+        rendered = self._validate(namespace, name, spec, keep_going)
+        set_hash = _hash(
+            [spec.concurrency, spec.pin, [(n, _content(r)) for n, r in rendered.items()]]
+        )
+        with self._lock:
+            key = (namespace, name)
+            old = self._sets.get(key)
+            if old is not None and old.content_hash == set_hash:
+                old.spec = spec  # same content: only the generation may differ
+                old.updated_at = time.time()
+                self._save(persist)
+                return old.status()
+            if old is not None and spec.generation < old.spec.generation:
+                raise WarmSetError(
+                    409,
+                    f"generation {spec.generation} is older than the applied "
+                    f"{old.spec.generation}; nothing changed",
+                    "generation",
+                )
+            entries: dict[str, _Prompt] = {}
+            for prompt in spec.prompts:
+                result = rendered[prompt.name]
+                if isinstance(result, str):  # keep_going: rendered as failed
+                    entries[prompt.name] = _Prompt(
+                        prompt, RenderedPrompt(()), [], "", PromptState.FAILED, error=result
+                    )
+                    log.warning(
+                        "Warm prompt %s/%s:%s failed: %s", namespace, name, prompt.name, result
+                    )
+                    continue
+                tokens, keys, content_hash = result
+                kept = old.prompts.get(prompt.name) if old else None
+                if kept is not None and kept.content_hash == content_hash:
+                    kept.spec = prompt
+                    entries[prompt.name] = kept
+                else:
+                    entries[prompt.name] = _Prompt(prompt, tokens, keys, content_hash)
+            if old is not None:
+                for prompt_name, entry in old.prompts.items():
+                    if entries.get(prompt_name) is not entry:
+                        self._release(entry)
+                if old.spec.pin and not spec.pin:
+                    for entry in entries.values():
+                        self._release(entry, drop=False)
+                elif spec.pin and not old.spec.pin:
+                    for entry in entries.values():
+                        self._repin(entry)
+            self._sets[key] = _Set(namespace, name, spec, set_hash, entries)
+            self._save(persist)
+            self._wake.notify_all()
+            return self._sets[key].status()
+
+    def delete(self, namespace: str, name: str) -> bool:
+        """Remove a set: unpin its prompts and drop their blocks."""
+        with self._lock:
+            removed = self._sets.pop((namespace, name), None)
+            if removed is None:
+                return False
+            for entry in removed.prompts.values():
+                self._release(entry)
+            self._save(True)
+            return True
+
+    def get(self, namespace: str, name: str) -> WarmSetStatus | None:
+        with self._lock:
+            found = self._sets.get((namespace, name))
+            return found.status() if found else None
+
+    def list(self) -> list[WarmSetStatus]:
+        with self._lock:
+            return [s.status() for s in self._sets.values()]
+
+    def clear_cache(self) -> CacheClearResult:
+        """Really clear the prefix cache, then re-warm every prompt in the background."""
+        with self._lock:
+            removed = self.engine.clear_prefix_cache()
+            self._epoch += 1
+            for entry in self._entries():
+                entry.pinned = False
+                if entry.state is not PromptState.WARMING:
+                    entry.state = PromptState.PENDING
+            scheduled = any(True for _ in self._entries())
+            self._wake.notify_all()
+        return CacheClearResult(rewarm_scheduled=scheduled, entries_removed=removed)
+
+    def readiness(self) -> tuple[bool, str]:
+        """(every active prompt is warm, a short reason when not)."""
+        with self._lock:
+            entries = list(self._entries())
+        failed = [e.spec.name for e in entries if e.state is PromptState.FAILED]
+        waiting = [e.spec.name for e in entries if e.state is not PromptState.WARM]
+        if failed:
+            return False, f"warm-up failed for: {', '.join(failed)}"
+        if waiting:
+            return False, f"{len(waiting)} of {len(entries)} warm prompts not warm yet"
+        return True, f"{len(entries)} warm prompts warm"
+
+    # -- validation ---------------------------------------------------------------
+
+    def _validate(
+        self, namespace: str, name: str, spec: WarmSetSpec, keep_going: bool
+    ) -> dict[str, _Rendered | str]:
+        limits = self.limits
+        with self._lock:
+            if (namespace, name) not in self._sets and len(self._sets) >= limits.max_sets:
+                raise WarmSetError(422, f"too many warm sets (at most {limits.max_sets})")
+        if len(spec.prompts) > limits.max_prompts_per_set:
+            raise WarmSetError(
+                422,
+                f"{len(spec.prompts)} prompts; at most {limits.max_prompts_per_set} per set",
+                "prompts",
+            )
+        out: dict[str, _Rendered | str] = {}
+        for i, prompt in enumerate(spec.prompts):
+            try:
+                out[prompt.name] = self._render(prompt, f"prompts.{i}")
+            except WarmSetError as exc:
+                if not keep_going:
+                    raise
+                out[prompt.name] = exc.message
+        good = {n: r for n, r in out.items() if not isinstance(r, str)}
+        if spec.pin and good:
+            self._check_budget(namespace, name, good)
+        return out
+
+    def _render(self, prompt: WarmPrompt, param: str) -> _Rendered:
+        limit = self.limits.max_message_chars
+        for j, message in enumerate(prompt.messages):
+            if message.text_length() > limit:
+                raise WarmSetError(
+                    413,
+                    f"prompt {prompt.name!r} message {j} has {message.text_length()} "
+                    f"characters; the limit is {limit}",
+                    f"{param}.messages.{j}",
+                )
+        try:
+            rendered = self.prompts.shared_prefix(
+                prompt.template_messages(), prompt.template_tools()
+            )
+        except PromptError as exc:
+            raise WarmSetError(422, f"prompt {prompt.name!r}: {exc}", param) from exc
+        context = self.engine.loaded.context_length
+        if len(rendered.tokens) >= context:
+            raise WarmSetError(
+                422,
+                f"prompt {prompt.name!r} has {len(rendered.tokens)} tokens before the user "
+                f"message; the model's context is {context}",
+                param,
+            )
+        keys = [c.key for c in self.engine.plan(rendered)]
+        return rendered, keys, _hash([list(rendered.tokens), rendered.cuts])
+
+    def _check_budget(self, namespace: str, name: str, rendered: dict[str, _Rendered]) -> None:
+        budget = self.engine.config.cache_budget_bytes
+        allowed = int(budget * self.limits.max_pinned_fraction)
+        need = sum(self.engine.block_bytes(len(r[0].tokens)) for r in rendered.values())
+        with self._lock:
+            others = sum(
+                self.engine.block_bytes(len(p.rendered.tokens))
+                for s in self._sets.values()
+                if (s.namespace, s.name) != (namespace, name) and s.spec.pin
+                for p in s.prompts.values()
+            )
+        if others + need > allowed:
+            mib = 1 << 20
+            raise WarmSetError(
+                413,
+                f"the set needs about {need / mib:.1f} MiB of pinned prefix cache; "
+                f"{allowed / mib:.1f} MiB may be pinned ({self.limits.max_pinned_fraction:.0%} "
+                f"of the {budget / mib:.1f} MiB budget) and other sets pin "
+                f"{others / mib:.1f} MiB",
+                "prompts",
+            )
+
+    # -- warm-up scheduling ---------------------------------------------------------
+
+    def _run(self) -> None:
+        with self._lock:
+            while not self._stopping:
+                for warm_set in list(self._sets.values()):
+                    in_flight = sum(
+                        p.state is PromptState.WARMING for p in warm_set.prompts.values()
+                    )
+                    for entry in warm_set.prompts.values():
+                        if in_flight >= warm_set.spec.concurrency:
+                            break
+                        if entry.state is PromptState.PENDING:
+                            self._launch(warm_set, entry)
+                            in_flight += 1
+                self._wake.wait(timeout=1.0)
+
+    def _launch(self, warm_set: _Set, entry: _Prompt) -> None:
+        entry.state = PromptState.WARMING
+        entry.error = None
+        entry.epoch = self._epoch
+        if self._round is None:
+            self._round = _Round()
+        request = GenerationRequest(
+            entry.rendered,
+            SamplingParams(max_tokens=1, temperature=0.0),
+            prefill_only=True,
+            pin=warm_set.spec.pin and not entry.pinned,
+        )
+        started = time.perf_counter()
+        label = f"{warm_set.namespace}/{warm_set.name}:{entry.spec.name}"
+
+        def done(event: Event) -> None:  # on the engine thread
+            if event.finish_reason is not None:
+                self._finished(warm_set, entry, event, started, label)
+
+        try:
+            self.engine.submit(request, done)
+        except Exception as exc:  # e.g. the engine refused the prompt
+            done(Event("", finish_reason="error", error=str(exc)))
+
+    def _finished(
+        self, warm_set: _Set, entry: _Prompt, event: Event, started: float, label: str
+    ) -> None:
+        with self._lock:
+            current = self._sets.get((warm_set.namespace, warm_set.name))
+            live = current is not None and current.prompts.get(entry.spec.name) is entry
+            pinned_now = event.finish_reason == "prefilled" and warm_set.spec.pin
+            if not live:  # replaced or deleted while warming: give back what it pinned
+                if pinned_now and not entry.pinned:
+                    self.engine.cache.unpin(entry.keys)
+            elif entry.epoch != self._epoch:  # the cache was cleared meanwhile
+                if pinned_now and not entry.pinned:
+                    self.engine.cache.unpin(entry.keys)
+                entry.state = PromptState.PENDING
+            elif event.finish_reason == "prefilled":
+                cached = event.usage.cached_tokens if event.usage else 0
+                entry.state = PromptState.WARM
+                entry.pinned = entry.pinned or pinned_now
+                entry.computed_tokens = len(entry.rendered.tokens) - cached
+                entry.duration_s = time.perf_counter() - started
+                entry.warmed_at = time.time()
+                self._note(entry, label, ok=True)
+            else:
+                entry.state = PromptState.FAILED
+                entry.error = event.error or f"warm-up ended with {event.finish_reason}"
+                self._note(entry, label, ok=False)
+            self._maybe_report()
+            self._wake.notify_all()
+
+    def _note(self, entry: _Prompt, label: str, *, ok: bool) -> None:
+        r = self._round or _Round()
+        self._round = r
+        if not ok:
+            r.failed += 1
+            log.warning("Warm-up of %s failed: %s", label, entry.error)
+            return
+        r.completed += 1
+        r.tokens += len(entry.rendered.tokens)
+        if entry.computed_tokens == 0:
+            r.skipped += 1
+        done, total = self._progress()
+        log.info(
+            "Warm-up %d/%d: %s warm, %d tokens (%d computed) in %.2fs",
+            done,
+            total,
+            label,
+            len(entry.rendered.tokens),
+            entry.computed_tokens or 0,
+            entry.duration_s or 0.0,
+        )
+
+    def _maybe_report(self) -> None:
+        busy = any(e.state in (PromptState.PENDING, PromptState.WARMING) for e in self._entries())
+        if busy or self._round is None:
+            return
+        r, self._round = self._round, None
+        log.info(
+            "Warm-up done (strict-prefix): %d completed, %d skipped, %d failed, "
+            "%d prompt tokens in %.1fs",
+            r.completed - r.skipped,
+            r.skipped,
+            r.failed,
+            r.tokens,
+            time.perf_counter() - r.started,
+        )
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _entries(self) -> Iterator[_Prompt]:
+        return (e for s in self._sets.values() for e in s.prompts.values())
+
+    def _progress(self) -> tuple[int, int]:
+        entries = list(self._entries())
+        return sum(e.state is PromptState.WARM for e in entries), len(entries)
+
+    def _release(self, entry: _Prompt, *, drop: bool = True) -> None:
+        if entry.pinned:
+            self.engine.cache.unpin(entry.keys)
+            entry.pinned = False
+        if drop:
+            self.engine.cache.drop(entry.keys)
+
+    def _repin(self, entry: _Prompt) -> None:
+        if entry.state is PromptState.WARM and not entry.pinned:
+            if self.engine.cache.pin(entry.keys):
+                entry.pinned = True
+            else:
+                entry.state = PromptState.PENDING
+
+    def _save(self, persist: bool) -> None:
+        if persist and self.store is not None:
+            self.store.save({k: s.spec for k, s in self._sets.items()})
+
+
+def _content(result: _Rendered | str) -> str:
+    return result if isinstance(result, str) else result[2]
+
+
+def _hash(value: object) -> str:
+    data = json.dumps(value, sort_keys=True, default=str).encode()
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def read_warm_prompts_file(path: str, *, concurrency: int = 2) -> WarmSetSpec:
+    """`--warm-prompts FILE`: vllm-mlx's format (a JSON list of message lists) or
+    warmfleet's (a list of `{name, messages, tools?}`), in JSON or YAML."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        with open(path) as f:
+            document = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read warm prompts file {path}: {exc}") from exc
+    if isinstance(document, dict) and "prompts" in document:
+        document = document["prompts"]
+    if not isinstance(document, list) or not document:
+        raise ValueError(f"{path}: expected a non-empty list of prompts")
+    prompts = [
+        {"name": f"prompt-{i + 1}", "messages": item} if isinstance(item, list) else item
+        for i, item in enumerate(document)
+    ]
+    try:
+        return WarmSetSpec.model_validate({"prompts": prompts, "concurrency": concurrency})
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid warm prompts:\n{exc}") from exc
