@@ -39,6 +39,7 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, help="prefill chunk / cache block, in tokens")
     p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
     p.add_argument("--default-max-tokens", type=int)
+    p.add_argument("--default-temperature", type=float)
     p.add_argument(
         "--warm-prompts",
         metavar="FILE",
@@ -97,7 +98,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     log.info(
         "Talk to it: curl %s/v1/chat/completions -H 'Content-Type: application/json' "
-        '-d \'{"model": "default", "messages": [{"role": "user", "content": "Hello!"}]}\''
+        '-d \'{"model": "default", "temperature": 0, '
+        '"messages": [{"role": "user", "content": "Hello!"}]}\''
         "  (or any OpenAI client with base_url=%s/v1)",
         base,
         base,

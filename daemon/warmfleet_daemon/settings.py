@@ -39,6 +39,9 @@ class DaemonSettings(BaseSettings):
     )
     max_num_seqs: int = Field(16, ge=1, le=512, description="sequences prefilling or decoding")
     default_max_tokens: int = Field(512, ge=1)
+    default_temperature: float = Field(
+        1.0, ge=0.0, le=2.0, description="when a request sets none (OpenAI's default is 1)"
+    )
     max_request_bytes: int = Field(8 * MiB, ge=1024)
     log_level: str = "info"
 

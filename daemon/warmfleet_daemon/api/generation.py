@@ -24,6 +24,7 @@ from warmfleet_daemon.api.state import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.prompts import PromptError, RenderedPrompt
+from warmfleet_daemon.settings import DaemonSettings
 
 _DISCONNECT_POLL_S = 0.5
 
@@ -36,7 +37,7 @@ def check_model(ready: Ready, name: str) -> None:
 
 
 async def chat_request(
-    ready: Ready, body: ChatCompletionRequest, default_max_tokens: int
+    ready: Ready, body: ChatCompletionRequest, settings: DaemonSettings
 ) -> GenerationRequest:
     check_model(ready, body.model)
     messages = [m.as_template_message() for m in body.messages]
@@ -46,11 +47,11 @@ async def chat_request(
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
-    return _request(ready, prompt, body, max_tokens, default_max_tokens, "messages")
+    return _request(ready, prompt, body, max_tokens, settings, "messages")
 
 
 async def completion_request(
-    ready: Ready, body: CompletionRequest, default_max_tokens: int
+    ready: Ready, body: CompletionRequest, settings: DaemonSettings
 ) -> GenerationRequest:
     check_model(ready, body.model)
     try:
@@ -61,7 +62,7 @@ async def completion_request(
     vocab = len(ready.model.tokenizer)
     if any(not 0 <= t < vocab for t in prompt.tokens):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-    return _request(ready, prompt, body, body.max_tokens, default_max_tokens, "prompt")
+    return _request(ready, prompt, body, body.max_tokens, settings, "prompt")
 
 
 def _request(
@@ -69,7 +70,7 @@ def _request(
     prompt: RenderedPrompt,
     body: ChatCompletionRequest | CompletionRequest,
     max_tokens: int | None,
-    default_max_tokens: int,
+    settings: DaemonSettings,
     param: str,
 ) -> GenerationRequest:
     context = ready.model.context_length
@@ -91,8 +92,8 @@ def _request(
             code="context_length_exceeded",
         )
     sampling = SamplingParams(
-        max_tokens=max_tokens or min(default_max_tokens, context - n),
-        temperature=1.0 if body.temperature is None else body.temperature,
+        max_tokens=max_tokens or min(settings.default_max_tokens, context - n),
+        temperature=settings.default_temperature if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop=body.stop_list(),

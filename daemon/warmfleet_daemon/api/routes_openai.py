@@ -34,7 +34,7 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 async def chat_completions(
     body: ChatCompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
-    request = await gen.chat_request(ready, body, state.settings.default_max_tokens)
+    request = await gen.chat_request(ready, body, state.settings)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
     if body.stream:
         base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
@@ -91,7 +91,7 @@ async def chat_completions(
 async def completions(
     body: CompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
-    request = await gen.completion_request(ready, body, state.settings.default_max_tokens)
+    request = await gen.completion_request(ready, body, state.settings)
     rid, created, model = gen.new_id("cmpl"), gen.created(), state.served_name()
     if body.stream:
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
