@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ class PromptBuilder:
         self.has_chat_template = bool(template)
         self.template_handles_tools = bool(template) and "tools" in str(template)
         self._content_starts: OrderedDict[bytes, tuple[int, bytes] | None] = OrderedDict()
+        self._memo_lock = threading.Lock()  # prompts are built on several threads
 
     # -- public API -------------------------------------------------------------
 
@@ -159,9 +161,10 @@ class PromptBuilder:
         key = hashlib.blake2b(
             json.dumps([head, role, tools], sort_keys=True, default=str).encode(), digest_size=16
         ).digest()
-        if key in self._content_starts:
-            self._content_starts.move_to_end(key)
-            return self._content_starts[key]
+        with self._memo_lock:
+            if key in self._content_starts:
+                self._content_starts.move_to_end(key)
+                return self._content_starts[key]
         cut: tuple[int, bytes] | None = None
         try:
             probes = [
@@ -175,9 +178,10 @@ class PromptBuilder:
             cut = (common, _digest(probes[0][:common])) if common else None
         except PromptError:
             cut = None  # e.g. templates that insist on alternating roles
-        self._content_starts[key] = cut
-        if len(self._content_starts) > _MEMO_SIZE:
-            self._content_starts.popitem(last=False)
+        with self._memo_lock:
+            self._content_starts[key] = cut
+            if len(self._content_starts) > _MEMO_SIZE:
+                self._content_starts.popitem(last=False)
         return cut
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
 from warmfleet_daemon.api.errors import APIError, ErrorResponse
@@ -37,8 +38,8 @@ async def put_warm_set(
     spec: WarmSetSpec, ready: ReadyDep, namespace: str = Namespace, name: str = Name
 ) -> WarmSetStatus:
     """Create or update a warm set. Idempotent: the same content re-warms nothing."""
-    try:
-        return ready.warm.apply(namespace, name, spec)
+    try:  # rendering and tokenizing every prompt: off the event loop
+        return await run_in_threadpool(ready.warm.apply, namespace, name, spec)
     except WarmSetError as exc:
         raise APIError(exc.status, exc.message, param=exc.param) from exc
 

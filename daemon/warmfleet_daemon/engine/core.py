@@ -286,7 +286,7 @@ class Engine:
                 self.cancel(request.request_id)
 
     def generate_blocking(self, request: GenerationRequest, timeout: float = 600) -> list[Event]:
-        """Run a request to completion from a plain thread (tests, warm-up, benchmarks)."""
+        """Run a request to completion from a plain thread (tests, scripts)."""
         events: queue.Queue[Event] = queue.Queue()
         self.submit(request, events.put)
         out = []
