@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon.api.errors import APIError, error_body
@@ -27,6 +28,7 @@ from warmfleet_daemon.prompts import PromptError, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
 
 _DISCONNECT_POLL_S = 0.5
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def check_model(ready: Ready, name: str) -> None:
@@ -142,29 +144,36 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-async def sse(
+def streaming_response(
     ready: Ready,
     request: GenerationRequest,
     *,
+    base: dict[str, Any],
+    choice: Callable[[str, str | None], dict[str, Any]],
     first: dict[str, Any] | None,
-    chunk: Callable[[str, str | None], dict[str, Any]],
     include_usage: bool,
-    usage_chunk: Callable[[UsageInfo], dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    """OpenAI server-sent events. Closing the stream (client gone) cancels the request."""
-    if first is not None:
-        yield _data(first, include_usage)
-    async for event in ready.engine.generate(request):
-        if event.finish_reason == "error":
-            yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
-            break
-        if event.text:
-            yield _data(chunk(event.text, None), include_usage)
-        if event.finish_reason is not None:
-            yield _data(chunk("", event.finish_reason), include_usage)
-            if include_usage:
-                yield _data(usage_chunk(usage_info(event.usage)), False)
-    yield b"data: [DONE]\n\n"
+) -> StreamingResponse:
+    """OpenAI server-sent events: `base` fields on every chunk, one choice per event
+    (`first`: an opening choice, e.g. the assistant role), the usage chunk last when
+    asked. Closing the stream (client gone) cancels the request."""
+
+    async def events() -> AsyncIterator[bytes]:
+        if first is not None:
+            yield _data({**base, "choices": [first]}, include_usage)
+        async for event in ready.engine.generate(request):
+            if event.finish_reason == "error":
+                yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
+                break
+            if event.text:
+                yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
+            if event.finish_reason is not None:
+                yield _data({**base, "choices": [choice("", event.finish_reason)]}, include_usage)
+                if include_usage:
+                    usage = usage_info(event.usage).model_dump()
+                    yield _data({**base, "choices": [], "usage": usage}, False)
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 def _data(payload: dict[str, Any], include_usage: bool) -> bytes:
