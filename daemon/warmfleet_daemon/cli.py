@@ -53,6 +53,13 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="bearer token for the admin routes (or WARMFLEET_ADMIN_TOKEN)",
     )
+    p.add_argument("--daemon-name", help="this daemon's name on its metrics (default: host name)")
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="also push metrics by OTLP (or set OTEL_EXPORTER_OTLP_ENDPOINT; "
+        "OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

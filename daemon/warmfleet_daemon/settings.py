@@ -45,6 +45,14 @@ class DaemonSettings(BaseSettings):
     max_request_bytes: int = Field(8 * MiB, ge=1024)
     log_level: str = "info"
 
+    # Telemetry.
+    daemon_name: str | None = Field(
+        None, description="this daemon's name on every metric (default: the host name)"
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="push metrics by OTLP here (or set OTEL_EXPORTER_OTLP_ENDPOINT)"
+    )
+
     # Warm prompts and the push API.
     warm_prompts: str | None = Field(None, description="JSON/YAML file of prompts to warm")
     warm_prompts_concurrency: int = Field(2, ge=1, le=16)

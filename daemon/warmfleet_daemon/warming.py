@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from warmfleet_daemon.chunking import BlockKey
@@ -141,6 +141,8 @@ class WarmManager:
         self._round: _Round | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Called with (namespace, name, "warm" | "failed", seconds) after each warm-up.
+        self.observers: list[Callable[[str, str, str, float], None]] = []
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -425,6 +427,14 @@ class WarmManager:
                 entry.state = PromptState.FAILED
                 entry.error = event.error or f"warm-up ended with {event.finish_reason}"
                 self._note(entry, label, ok=False)
+            if live and entry.state in (PromptState.WARM, PromptState.FAILED):
+                for observe in self.observers:
+                    observe(
+                        warm_set.namespace,
+                        warm_set.name,
+                        entry.state.value,
+                        time.perf_counter() - started,
+                    )
             self._maybe_report()
             self._wake.notify_all()
 

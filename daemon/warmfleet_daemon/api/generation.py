@@ -49,7 +49,7 @@ async def chat_request(
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
-    return _request(ready, prompt, body, max_tokens, settings, "messages")
+    return _request(ready, prompt, body, max_tokens, settings, "messages", "chat")
 
 
 async def completion_request(
@@ -64,7 +64,7 @@ async def completion_request(
     vocab = len(ready.model.tokenizer)
     if any(not 0 <= t < vocab for t in prompt.tokens):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-    return _request(ready, prompt, body, body.max_tokens, settings, "prompt")
+    return _request(ready, prompt, body, body.max_tokens, settings, "prompt", "text_completion")
 
 
 def _request(
@@ -74,6 +74,7 @@ def _request(
     max_tokens: int | None,
     settings: DaemonSettings,
     param: str,
+    operation: str,
 ) -> GenerationRequest:
     context = ready.model.context_length
     n = len(prompt.tokens)
@@ -101,7 +102,7 @@ def _request(
         stop=body.stop_list(),
         ignore_eos=body.ignore_eos,
     )
-    return GenerationRequest(prompt, sampling)
+    return GenerationRequest(prompt, sampling, operation=operation)
 
 
 def usage_info(usage: Usage | None) -> UsageInfo:

@@ -6,7 +6,8 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from warmfleet_daemon import __version__
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
@@ -53,3 +54,9 @@ async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
         },
         "warm_sets": [s.model_dump() for s in ready.warm.list()],
     }
+
+
+@router.get("/metrics")
+async def metrics(ready: ReadyDep) -> Response:
+    """Prometheus exposition of the daemon's OpenTelemetry metrics."""
+    return Response(ready.telemetry.prometheus_text(), media_type=CONTENT_TYPE_LATEST)

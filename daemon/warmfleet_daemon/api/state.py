@@ -17,6 +17,7 @@ from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
 from warmfleet_daemon.settings import DaemonSettings
 from warmfleet_daemon.state_store import StateStore
+from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.warming import Limits, WarmManager, WarmSetError, read_warm_prompts_file
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class Ready:
     prompts: PromptBuilder
     model_ids: frozenset[str]
     warm: WarmManager
+    telemetry: Telemetry
 
     @property
     def model(self) -> LoadedModel:
@@ -83,8 +85,17 @@ class DaemonState:
             ),
             store=StateStore(settings.state_dir) if settings.state_dir else None,
         )
+        telemetry = Telemetry(
+            TelemetryConfig(
+                daemon=settings.daemon_name or default_daemon_name(),
+                model=settings.served_model_name or loaded.name,
+                otlp_endpoint=settings.otlp_endpoint,
+            )
+        )
+        telemetry.observe_engine(engine)
+        telemetry.observe_warm_sets(warm)
         warm.start()
-        self.ready = Ready(engine, prompts, frozenset(ids), warm)
+        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry)
         warm.restore()
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
@@ -106,3 +117,4 @@ class DaemonState:
         if self.ready is not None:
             self.ready.warm.stop()
             self.ready.engine.stop()
+            self.ready.telemetry.shutdown()

@@ -91,6 +91,7 @@ class GenerationRequest:
     # stored (the cache budget is too small) it finishes with reason "error" instead.
     prefill_only: bool = False
     pin: bool = False
+    operation: str = "chat"  # gen_ai.operation.name: chat | text_completion
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,8 @@ class Engine:
         self._generated_total = 0
         self._prefill_total = 0
         self._bytes_per_token, self._bytes_per_block = self._measure_block_bytes()
+        # Called on the engine thread with each finished request (telemetry).
+        self.observers: list[Callable[[GenerationRequest, Event], None]] = []
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -539,15 +542,19 @@ class Engine:
         now = time.perf_counter()
         start = seq.started_at or now
         first = seq.first_token_at or now
-        seq.sink(
-            Event(
-                text,
-                (token,) if token is not None else (),
-                finish_reason=reason,
-                usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens),
-                timings=Timings(
-                    start - seq.submitted_at, first - seq.submitted_at, now - seq.submitted_at
-                ),
-                error=error,
-            )
+        event = Event(
+            text,
+            (token,) if token is not None else (),
+            finish_reason=reason,
+            usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens),
+            timings=Timings(
+                start - seq.submitted_at, first - seq.submitted_at, now - seq.submitted_at
+            ),
+            error=error,
         )
+        seq.sink(event)
+        for observe in self.observers:
+            try:
+                observe(seq.request, event)
+            except Exception:  # telemetry must never break serving
+                log.exception("request observer failed")

@@ -1,0 +1,304 @@
+"""OpenTelemetry metrics: one MeterProvider, read by Prometheus on `/metrics` and, when
+an OTLP endpoint is configured, pushed by OTLP (gRPC or HTTP/protobuf, chosen by the
+standard `OTEL_EXPORTER_OTLP_*` variables).
+
+Names follow the GenAI semantic conventions where they exist
+(`gen_ai.server.time_to_first_token`, `gen_ai.server.time_per_output_token`,
+`gen_ai.server.request.duration` with the conventions' bucket boundaries; token usage
+as server-side counterparts of `gen_ai.client.inference.usage.*`, whose
+`cache_read.input_tokens` is the summed `gen_ai.usage.cache_read.input_tokens`).
+Prefix-cache hit rate is token-weighted: rate(hit_tokens) / rate(queried_tokens),
+both counters, never a gauge. On the way to Prometheus, dots become underscores, `s`
+and `By` units become `_seconds` and `_bytes`, and counters get `_total`:
+`dashboards/` uses those exported names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+
+from warmfleet_daemon import __version__
+from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
+from warmfleet_daemon.warming import WarmManager
+
+log = logging.getLogger(__name__)
+
+# The GenAI conventions' ExplicitBucketBoundaries.
+TTFT_BUCKETS = (
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
+    *(0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (
+    *(0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64),
+    *(1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92),
+)
+WARMUP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0)
+
+PROVIDER = "warmfleet"
+
+_Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    daemon: str  # this daemon's name (a label on every metric)
+    model: str  # the served model id
+    otlp_endpoint: str | None = None  # overrides OTEL_EXPORTER_OTLP_ENDPOINT
+
+
+def default_daemon_name() -> str:
+    return os.environ.get("WARMFLEET_DAEMON_NAME") or socket.gethostname()
+
+
+def otlp_configured(explicit: str | None) -> bool:
+    return bool(
+        explicit
+        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
+class Telemetry:
+    """Owns the MeterProvider; `observe()` is registered with the engine."""
+
+    def __init__(self, config: TelemetryConfig) -> None:
+        self.config = config
+        self.registry = CollectorRegistry()
+        readers: list[MetricReader] = [PrometheusMetricReader(registry=self.registry)]
+        if otlp_configured(config.otlp_endpoint):
+            readers.append(PeriodicExportingMetricReader(_otlp_exporter(config.otlp_endpoint)))
+        resource = Resource.create(
+            {
+                "service.name": os.environ.get("OTEL_SERVICE_NAME", "warmfleet-daemon"),
+                "service.version": __version__,
+                "service.instance.id": config.daemon,
+                "warmfleet.daemon": config.daemon,
+                "gen_ai.request.model": config.model,
+            }
+        )
+        self.provider = MeterProvider(metric_readers=readers, resource=resource)
+        self._base = {"warmfleet.daemon": config.daemon, "gen_ai.request.model": config.model}
+        meter = self.provider.get_meter("warmfleet", __version__)
+        self._ttft = meter.create_histogram(
+            "gen_ai.server.time_to_first_token",
+            unit="s",
+            description="Time to generate the first token for successful responses",
+            explicit_bucket_boundaries_advisory=TTFT_BUCKETS,
+        )
+        self._tpot = meter.create_histogram(
+            "gen_ai.server.time_per_output_token",
+            unit="s",
+            description="Time per output token after the first, for successful responses",
+            explicit_bucket_boundaries_advisory=TPOT_BUCKETS,
+        )
+        self._duration = meter.create_histogram(
+            "gen_ai.server.request.duration",
+            unit="s",
+            description="Server request duration, to the last output token",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._input = meter.create_counter(
+            "gen_ai.server.inference.usage.input_tokens",
+            unit="{token}",
+            description="Input (prompt) tokens, including cached ones",
+        )
+        self._output = meter.create_counter(
+            "gen_ai.server.inference.usage.output_tokens",
+            unit="{token}",
+            description="Output (completion) tokens",
+        )
+        self._cache_read = meter.create_counter(
+            "gen_ai.server.inference.usage.cache_read.input_tokens",
+            unit="{token}",
+            description="Input tokens served from the prefix cache "
+            "(sum of gen_ai.usage.cache_read.input_tokens)",
+        )
+        self._warmup = meter.create_histogram(
+            "warmfleet.warmup.duration",
+            unit="s",
+            description="Time to warm one prompt",
+            explicit_bucket_boundaries_advisory=WARMUP_BUCKETS,
+        )
+        self._meter = meter
+
+    def observe_engine(self, engine: Engine) -> None:
+        """Gauges and counters read from the engine and its prefix cache at collection."""
+        meter, base = self._meter, self._base
+
+        def cache(field: str) -> _Callback:
+            return lambda _: [Observation(getattr(engine.cache.stats, field), base)]
+
+        def queue(field: str) -> _Callback:
+            return lambda _: [Observation(getattr(engine.stats(), field), base)]
+
+        meter.create_observable_counter(
+            "warmfleet.prefix_cache.queried_tokens",
+            [cache("queried_tokens")],
+            unit="{token}",
+            description="Prompt tokens looked up in the prefix cache",
+        )
+        meter.create_observable_counter(
+            "warmfleet.prefix_cache.hit_tokens",
+            [cache("hit_tokens")],
+            unit="{token}",
+            description="Prompt tokens found in the prefix cache (= prefill tokens saved)",
+        )
+        meter.create_observable_counter(
+            "warmfleet.prefix_cache.evictions",
+            [cache("evictions")],
+            unit="{block}",
+            description="Blocks evicted to stay within the byte budget",
+        )
+        meter.create_observable_gauge(
+            "warmfleet.prefix_cache.size", [cache("bytes")], unit="By", description="Bytes held"
+        )
+        meter.create_observable_gauge(
+            "warmfleet.prefix_cache.budget",
+            [cache("budget_bytes")],
+            unit="By",
+            description="Byte budget",
+        )
+        meter.create_observable_gauge(
+            "warmfleet.prefix_cache.pinned.size",
+            [cache("pinned_bytes")],
+            unit="By",
+            description="Bytes held by pinned (warm) blocks",
+        )
+        meter.create_observable_gauge(
+            "warmfleet.prefix_cache.entries",
+            [cache("entry_count")],
+            unit="{block}",
+            description="Blocks stored",
+        )
+        meter.create_observable_gauge(
+            "warmfleet.prefix_cache.pinned.entries",
+            [cache("pinned_count")],
+            unit="{block}",
+            description="Blocks pinned by warm sets",
+        )
+        for field, what in (
+            ("running", "decoding"),
+            ("prefilling", "prefilling"),
+            ("waiting", "waiting for a slot"),
+        ):
+            meter.create_observable_gauge(
+                f"warmfleet.requests.{field}",
+                [queue(field)],
+                unit="{request}",
+                description=f"Requests {what}",
+            )
+        engine.observers.append(self.observe)
+
+    def observe_warm_sets(self, manager: WarmManager) -> None:
+        base = self._base
+
+        def prompts(_: CallbackOptions) -> Iterable[Observation]:
+            for s in manager.list():
+                for state in ("pending", "warming", "warm", "failed"):
+                    yield Observation(
+                        sum(p.state.value == state for p in s.prompts),
+                        {
+                            **base,
+                            "warmfleet.warm_set.namespace": s.namespace,
+                            "warmfleet.warm_set.name": s.name,
+                            "warmfleet.warm_prompt.state": state,
+                        },
+                    )
+
+        self._meter.create_observable_gauge(
+            "warmfleet.warm_prompts",
+            [prompts],
+            unit="{prompt}",
+            description="Warm prompts by warm set and state",
+        )
+        manager.observers.append(self.observe_warmup)
+
+    def observe(self, request: GenerationRequest, event: Event) -> None:
+        """Record a finished request (engine thread)."""
+        if request.prefill_only or event.usage is None or event.timings is None:
+            return
+        usage, timings = event.usage, event.timings
+        attrs = {
+            **self._base,
+            "gen_ai.operation.name": request.operation,
+            "gen_ai.provider.name": PROVIDER,
+            "warmfleet.cache.outcome": cache_outcome(request, usage.cached_tokens),
+        }
+        ok = event.finish_reason in ("stop", "length")
+        if not ok:
+            attrs["error.type"] = event.finish_reason or "unknown"
+        self._duration.record(timings.duration_s, attrs)
+        if ok and usage.completion_tokens:
+            self._ttft.record(timings.ttft_s, attrs)
+            if usage.completion_tokens > 1:
+                per_token = (timings.duration_s - timings.ttft_s) / (usage.completion_tokens - 1)
+                self._tpot.record(per_token, attrs)
+        tokens = {k: v for k, v in attrs.items() if k != "warmfleet.cache.outcome"}
+        tokens["gen_ai.token.modality"] = "text"
+        self._input.add(usage.prompt_tokens, tokens)
+        self._output.add(usage.completion_tokens, tokens)
+        self._cache_read.add(usage.cached_tokens, tokens)
+
+    def observe_warmup(self, namespace: str, name: str, state: str, seconds: float) -> None:
+        self._warmup.record(
+            seconds,
+            {
+                **self._base,
+                "warmfleet.warm_set.namespace": namespace,
+                "warmfleet.warm_set.name": name,
+                "warmfleet.warm_prompt.state": state,
+            },
+        )
+
+    def prometheus_text(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def cache_outcome(request: GenerationRequest, cached_tokens: int) -> str:
+    """hit: everything before the last message came from the cache (or, without chat
+    cuts, the whole prompt); partial: some of it; miss: none."""
+    if cached_tokens == 0:
+        return "miss"
+    cuts = request.prompt.cuts
+    static = cuts[-1] if cuts else len(request.prompt.tokens)
+    return "hit" if cached_tokens >= static else "partial"
+
+
+def _otlp_exporter(endpoint: str | None) -> MetricExporter:
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        log.info("OTLP metrics: gRPC to %s", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
+        return OTLPMetricExporter(endpoint=endpoint) if endpoint else OTLPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HTTPExporter,
+    )
+
+    if endpoint:  # a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT would be
+        endpoint = endpoint.rstrip("/") + "/v1/metrics"
+    log.info("OTLP metrics: HTTP/protobuf to %s", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
+    return HTTPExporter(endpoint=endpoint) if endpoint else HTTPExporter()
