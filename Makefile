@@ -10,6 +10,7 @@ run: $(STAMP)
 	$(VENV)/bin/warmfleet serve --model default --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
+	./scripts/setup.sh --test-tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports

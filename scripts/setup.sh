@@ -2,19 +2,33 @@
 # Set-up for `make run` and `make test` on a fresh Linux or macOS machine:
 # a .venv with warmfleet and its test extras, the embedded model's wheel, and on
 # Debian/Ubuntu the OpenBLAS that makes MLX's CPU matmuls ~30x faster.
+# `setup.sh --test-tools` adds what only the tests need: Debian's prometheus (and
+# promtool), which the dashboard tests run for real.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
+apt_install() {  # apt_install PACKAGE: quietly, refreshing the index once if needed
+  local SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
+  $SUDO apt-get install -y -q --no-install-recommends "$1" >/dev/null 2>&1 && return 0
+  $SUDO apt-get update -q >/dev/null 2>&1 || true
+  $SUDO apt-get install -y -q --no-install-recommends "$1" >/dev/null 2>&1
+}
+
+if [ "${1:-}" = "--test-tools" ]; then
+  if [ -f /etc/debian_version ] && ! command -v promtool >/dev/null; then
+    echo "setup: installing prometheus (Debian) for the dashboard tests"
+    apt_install prometheus || { echo "setup: could not install prometheus" >&2; exit 1; }
+  fi
+  exit 0
+fi
+
 if [ "$(uname -s)" = "Linux" ] && [ -f /etc/debian_version ] \
    && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then
   echo "setup: installing libopenblas0-pthread (Debian/Ubuntu)"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
-  if ! $SUDO apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1; then
-    $SUDO apt-get update -q >/dev/null 2>&1 || true
-    $SUDO apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 \
-      || echo "setup: WARNING: could not install libopenblas0-pthread; MLX will use its slow bundled BLAS"
-  fi
+  apt_install libopenblas0-pthread \
+    || echo "setup: WARNING: could not install libopenblas0-pthread; MLX will use its slow bundled BLAS"
 fi
 
 if [ ! -x .venv/bin/python ]; then

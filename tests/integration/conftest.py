@@ -2,73 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
-import httpx
 import pytest
 
-
-@dataclass
-class Daemon:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: str
-
-    def log(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_daemon(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> Daemon:
-    port = free_port()
-    cmd = [sys.executable, "-m", "warmfleet_daemon.cli", "serve", "--port", str(port), *args]
-    if "--log-level" not in args:
-        cmd += ["--log-level", "warning"]
-    fd, log_path = tempfile.mkstemp(prefix="warmfleet-daemon-", suffix=".log")
-    with os.fdopen(fd, "wb") as log:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(
-            cmd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    daemon = Daemon(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"daemon exited with {process.returncode}: {cmd}\n{daemon.log()}")
-        try:
-            if httpx.get(f"{daemon.url}/readyz", timeout=2).status_code == 200:
-                return daemon
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"daemon not ready after {timeout}s: {cmd}\n{daemon.log()}")
+from daemons import Daemon, start_daemon
 
 
 @pytest.fixture(scope="session")

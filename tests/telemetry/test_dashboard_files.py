@@ -1,0 +1,64 @@
+"""The dashboard, the rules and the PrometheusRule: structure, and promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from promql import PROMETHEUS_RULE, RULES, dashboard
+
+promtool = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    promtool is None, reason="promtool (Debian: prometheus) missing"
+)
+
+
+def test_dashboard_has_the_variables_and_a_datasource_on_every_query() -> None:
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert set(variables) == {"datasource", "namespace", "model", "daemon"}
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in board["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+            assert "$model" in target["expr"] and "$daemon" in target["expr"], panel["title"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_hit_rate_and_ttft_share_one_two_axis_panel() -> None:
+    first = dashboard()["panels"][0]
+    exprs = " ".join(t["expr"] for t in first["targets"])
+    assert "hit_tokens_total" in exprs and "time_to_first_token_seconds_bucket" in exprs
+    right = [
+        o
+        for o in first["fieldConfig"]["overrides"]
+        if {"id": "custom.axisPlacement", "value": "right"} in o["properties"]
+    ]
+    assert len(right) == 2  # p50 and p95 on the right axis, in seconds
+
+
+def test_prometheusrule_carries_the_same_rules() -> None:
+    plain = yaml.safe_load(RULES.read_text())
+    manifest = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert manifest["kind"] == "PrometheusRule"
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+    assert manifest["spec"] == plain
+
+
+@needs_promtool
+def test_promtool_checks_and_unit_tests_the_rules() -> None:
+    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = subprocess.run(
+        [promtool, "test", "rules", "warmfleet-rules.test.yaml"],
+        cwd=RULES.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert unit.returncode == 0, unit.stdout + unit.stderr
