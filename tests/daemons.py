@@ -41,8 +41,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_daemon(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> Daemon:
-    port = free_port()
+def start_daemon(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None, port: int | None = None
+) -> Daemon:
+    port = port or free_port()
     cmd = [sys.executable, "-m", "warmfleet_daemon.cli", "serve", "--port", str(port), *args]
     if "--log-level" not in args:
         cmd += ["--log-level", "warning"]

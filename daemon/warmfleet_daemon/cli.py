@@ -22,7 +22,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     convert.add_argument("model", help="default | FILE.gguf | mlx-lm dir | HF id")
     convert.add_argument("output", help="directory to write")
     convert.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    from warmfleet_operator.cli import add_arguments, run
+
+    add_arguments(
+        sub.add_parser("operator", help="the Kubernetes operator (or --local DIR without one)")
+    )
     args = parser.parse_args(argv)
+    if args.command == "operator":
+        return run(args)
     _setup_logging(getattr(args, "log_level", "info"))
     ensure_fast_blas()  # before anything imports mlx
     if args.command == "serve":

@@ -88,6 +88,12 @@ class WarmSetSpec(BaseModel):
     prompts: list[WarmPrompt] = Field(default_factory=list, max_length=256)
     concurrency: int = Field(2, ge=1, le=16, description="warm-ups in flight at once")
     pin: bool = Field(True, description="keep the warmed blocks out of LRU eviction")
+    source_hash: str | None = Field(
+        None,
+        max_length=128,
+        description="the pusher's hash of what it resolved (e.g. ConfigMap contents); echoed "
+        "in the status so it can tell whether a node has the latest",
+    )
 
     @field_validator("prompts")
     @classmethod
@@ -121,6 +127,7 @@ class WarmSetStatus(BaseModel):
     namespace: str
     name: str
     generation: int
+    source_hash: str | None = None
     content_hash: str
     concurrency: int
     pin: bool

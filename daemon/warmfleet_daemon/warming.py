@@ -100,6 +100,7 @@ class _Set:
             namespace=self.namespace,
             name=self.name,
             generation=self.spec.generation,
+            source_hash=self.spec.source_hash,
             content_hash=self.content_hash,
             concurrency=self.spec.concurrency,
             pin=self.spec.pin,

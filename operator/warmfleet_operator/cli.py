@@ -1,0 +1,84 @@
+"""`warmfleet operator`: kopf against the cluster (kubeconfig or in-cluster), or
+local mode against a folder of YAML files."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "--local", metavar="DIR", help="no Kubernetes: reconcile the YAML files in DIR"
+    )
+    p.add_argument("--status-file", help="local mode: write every status here (JSON)")
+    p.add_argument("--once", action="store_true", help="local mode: one pass, then exit")
+    p.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf's liveness endpoint (empty to disable)",
+    )
+    p.add_argument("--resync-seconds", type=float, default=30.0, help="drift-repair period")
+    p.add_argument("--probe-seconds", type=float, default=30.0, help="WarmNode probe period")
+    p.add_argument("--verbose", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per daemon call otherwise
+    if args.local:
+        return _run_local(Path(args.local), args)
+    # The handlers read their periods at import.
+    os.environ["WARMFLEET_RESYNC_SECONDS"] = str(args.resync_seconds)
+    os.environ["WARMFLEET_PROBE_SECONDS"] = str(args.probe_seconds)
+    import kopf
+
+    import warmfleet_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        clusterwide=args.all_namespaces or not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+        standalone=True,
+    )
+    return 0
+
+
+def _run_local(directory: Path, args: argparse.Namespace) -> int:
+    from warmfleet_operator.local import run_local
+
+    if not directory.is_dir():
+        print(f"warmfleet operator: {directory} is not a directory")
+        return 2
+    status_file = (
+        Path(args.status_file) if args.status_file else directory / "warmfleet-status.json"
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_local(
+            directory,
+            resync=args.resync_seconds,
+            status_file=status_file,
+            once=args.once,
+            stop=stop,
+        )
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,230 @@
+"""The operator's one I/O layer: HTTP to the daemons' push API, and the few Kubernetes
+reads and writes kopf does not do for us (admin-token Secrets, status patches from
+outside a handler)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import random
+import ssl
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import httpx
+from pydantic import ValidationError
+
+from warmfleet_daemon.contract import WarmSetSpec, WarmSetStatus
+from warmfleet_operator.model import GROUP, VERSION, Node, SecretRef, SetKey
+
+log = logging.getLogger(__name__)
+
+
+class DaemonError(Exception):
+    """A daemon answered with an error, or could not be reached."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    @property
+    def unreachable(self) -> bool:
+        return self.status is None or self.status >= 500
+
+
+class TokenSource(Protocol):
+    async def token(self, ref: SecretRef) -> str | None: ...
+
+
+class DaemonClient:
+    """Timeouts, bounded concurrency over all daemons, and retries with jittered
+    backoff for what may pass (connection errors, 5xx such as a model still loading)."""
+
+    def __init__(
+        self,
+        tokens: TokenSource,
+        *,
+        timeout: float = 10.0,
+        attempts: int = 3,
+        backoff: float = 0.25,
+        max_concurrency: int = 16,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.tokens = tokens
+        self.attempts = attempts
+        self.backoff = backoff
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 3.0)), transport=transport
+        )
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self.calls = 0  # HTTP requests made (the scale benchmark counts them)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def get_warm_set(self, node: Node, key: SetKey) -> WarmSetStatus | None:
+        r = await self._call(
+            node, "GET", f"/v1/warm-sets/{key.namespace}/{key.name}", ok=(200, 404)
+        )
+        return None if r.status_code == 404 else _parse(WarmSetStatus, r)
+
+    async def put_warm_set(self, node: Node, key: SetKey, spec: WarmSetSpec) -> WarmSetStatus:
+        path = f"/v1/warm-sets/{key.namespace}/{key.name}"
+        body = spec.model_dump(mode="json", exclude_none=True)
+        r = await self._call(node, "PUT", path, json=body, ok=(202, 409))
+        if r.status_code == 409:
+            # A stale copy with a newer generation (the object was recreated while the
+            # node was away): replace it.
+            await self._call(node, "DELETE", path, ok=(200, 404))
+            r = await self._call(node, "PUT", path, json=body, ok=(202,))
+        return _parse(WarmSetStatus, r)
+
+    async def delete_warm_set(self, node: Node, key: SetKey) -> bool:
+        path = f"/v1/warm-sets/{key.namespace}/{key.name}"
+        r = await self._call(node, "DELETE", path, ok=(200, 404))
+        return r.status_code == 200
+
+    async def status(self, node: Node) -> dict[str, Any]:
+        r = await self._call(node, "GET", "/v1/status", ok=(200,))
+        return dict(r.json())
+
+    async def _call(
+        self, node: Node, method: str, path: str, *, ok: tuple[int, ...], json: Any = None
+    ) -> httpx.Response:
+        headers = {}
+        if node.token_ref is not None:
+            token = await self.tokens.token(node.token_ref)
+            if token is None:
+                ref = node.token_ref
+                raise DaemonError(
+                    f"admin token Secret {ref.namespace}/{ref.name}[{ref.key}] not found",
+                    status=401,
+                )
+            headers["Authorization"] = f"Bearer {token}"
+        url = f"{node.url}{path}"
+        for attempt in range(1, self.attempts + 1):
+            try:
+                async with self._slots:
+                    self.calls += 1
+                    r = await self._http.request(method, url, headers=headers, json=json)
+            except httpx.TransportError as exc:
+                error = DaemonError(f"{method} {url}: {type(exc).__name__}: {exc}")
+            else:
+                if r.status_code in ok:
+                    return r
+                error = DaemonError(
+                    f"{method} {url}: {r.status_code} {_message(r)}", status=r.status_code
+                )
+                if not error.unreachable:
+                    raise error  # a 4xx will not get better by retrying
+            if attempt < self.attempts:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+        raise error
+
+
+class KubeClient:
+    """The Kubernetes API with kopf's credentials (captured by the login handler):
+    admin-token Secrets, cached for a minute, and status patches."""
+
+    def __init__(self, *, default_namespace: str = "default", ttl: float = 60.0) -> None:
+        self.default_namespace = default_namespace
+        self.ttl = ttl
+        self._http: httpx.AsyncClient | None = None
+        self._secrets: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+
+    def configure_from(self, info: Any) -> None:
+        """Use the credentials kopf logged in with (a kopf.ConnectionInfo)."""
+        context = ssl.create_default_context()
+        if info.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif info.ca_path or info.ca_data:
+            context = ssl.create_default_context(
+                cafile=info.ca_path,
+                cadata=base64.b64decode(info.ca_data).decode() if info.ca_data else None,
+            )
+        cert = _client_cert(info)
+        if cert is not None:
+            context.load_cert_chain(*cert)
+        headers = {}
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        elif info.username and info.password:
+            raw = f"{info.username}:{info.password}".encode()
+            headers["Authorization"] = f"Basic {base64.b64encode(raw).decode()}"
+        self._http = httpx.AsyncClient(
+            base_url=str(info.server), headers=headers, verify=context, timeout=10.0
+        )
+
+    async def token(self, ref: SecretRef) -> str | None:
+        namespace = ref.namespace or self.default_namespace
+        data = await self._secret(namespace, ref.name)
+        return data.get(ref.key) if data is not None else None
+
+    async def patch_set_status(self, key: SetKey, status: Mapping[str, Any]) -> None:
+        http = self._require()
+        path = (
+            f"/apis/{GROUP}/{VERSION}/namespaces/{key.namespace}/warmpromptsets/{key.name}/status"
+        )
+        r = await http.patch(
+            path, json={"status": status}, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        if r.status_code == 404:
+            return  # deleted meanwhile
+        r.raise_for_status()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        cached = self._secrets.get((namespace, name))
+        if cached and time.monotonic() - cached[0] < self.ttl:
+            return cached[1]
+        r = await self._require().get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        body = r.json()
+        data = {
+            k: base64.b64decode(v).decode().strip() for k, v in (body.get("data") or {}).items()
+        }
+        data.update({k: str(v).strip() for k, v in (body.get("stringData") or {}).items()})
+        self._secrets[(namespace, name)] = (time.monotonic(), data)
+        return data
+
+    def _require(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError("KubeClient used before the operator logged in")
+        return self._http
+
+
+def _client_cert(info: Any) -> tuple[str, str] | None:
+    """Client certificate files: ssl wants paths, kubeconfigs often inline the data."""
+    cert, key = info.certificate_path, info.private_key_path
+    if info.certificate_data and info.private_key_data:
+        folder = tempfile.mkdtemp(prefix="warmfleet-kube-")
+        cert, key = os.path.join(folder, "tls.crt"), os.path.join(folder, "tls.key")
+        for path, data in ((cert, info.certificate_data), (key, info.private_key_data)):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+                f.write(base64.b64decode(data))
+    return (cert, key) if cert and key else None
+
+
+def _parse(model: type[WarmSetStatus], r: httpx.Response) -> WarmSetStatus:
+    try:
+        return model.model_validate(r.json())
+    except (ValueError, ValidationError) as exc:
+        raise DaemonError(f"{r.request.url}: unexpected answer: {exc}", status=502) from exc
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:200]

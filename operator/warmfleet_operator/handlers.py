@@ -1,0 +1,256 @@
+"""kopf handlers: thin. Indices keep WarmNodes, ConfigMaps and WarmPromptSets in
+memory (no API reads per reconcile); every handler hands over to `Service`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+
+from warmfleet_operator.client import DaemonClient, KubeClient
+from warmfleet_operator.model import GROUP, VERSION, Node, SetKey
+from warmfleet_operator.reconcile import condition, referenced_configmaps
+from warmfleet_operator.service import Service
+
+log = logging.getLogger(__name__)
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+RESYNC_SECONDS = float(os.environ.get("WARMFLEET_RESYNC_SECONDS", "30"))
+PROBE_SECONDS = float(os.environ.get("WARMFLEET_PROBE_SECONDS", "30"))
+DELETE_RETRIES = int(os.environ.get("WARMFLEET_DELETE_RETRIES", "5"))
+RETARGET_DELAY = 0.5  # coalesce bursts of WarmNode changes into one pass
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.peering.standalone = True  # one replica; no peering objects needed
+    settings.posting.level = logging.WARNING  # Kubernetes events for warnings and errors
+    settings.persistence.finalizer = "warmfleet.io/unwarm"
+    memo.kube = KubeClient(
+        default_namespace=os.environ.get("WARMFLEET_OPERATOR_NAMESPACE", "default")
+    )
+    memo.daemons = DaemonClient(memo.kube)
+    memo.service = Service(memo.daemons)
+    memo.retarget = None
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.retarget is not None:
+        memo.retarget.cancel()
+        await asyncio.gather(memo.retarget, return_exceptions=True)
+    await memo.daemons.close()
+    await memo.kube.close()
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kubeconfig (or in-cluster service account), shared with our Kubernetes client."""
+    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    if info is not None:
+        memo.kube.configure_from(info)
+    return info
+
+
+# -- indices ------------------------------------------------------------------------
+
+
+@kopf.index(GROUP, VERSION, "warmnodes")
+def warmnodes(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+    return {
+        name: {
+            "node": Node.from_object(dict(body)),
+            "sets": (body.get("status") or {}).get("warmSets") or [],
+        }
+    }
+
+
+@kopf.index("", "v1", "configmaps")
+def configmaps(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], Any]:
+    return {(namespace or "", name): dict(body.get("data") or {})}
+
+
+@kopf.index(GROUP, VERSION, "warmpromptsets")
+def warmpromptsets(
+    namespace: str, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], Any]:
+    return {(namespace or "", name): dict(body)}
+
+
+# -- WarmPromptSets -------------------------------------------------------------------
+
+
+@kopf.on.resume(GROUP, VERSION, "warmpromptsets")
+@kopf.on.create(GROUP, VERSION, "warmpromptsets")
+@kopf.on.update(GROUP, VERSION, "warmpromptsets", field="spec")
+async def reconcile_set(
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    warmnodes: kopf.Index[str, Any],
+    configmaps: kopf.Index[tuple[str, str], Any],
+    logger: Logger,
+    **_: Any,
+) -> None:
+    key = SetKey(namespace or "", name)
+    patch.status.update(await _reconcile(memo, key, body, warmnodes, configmaps, logger))
+
+
+@kopf.timer(GROUP, VERSION, "warmpromptsets", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def resync_set(
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    warmnodes: kopf.Index[str, Any],
+    configmaps: kopf.Index[tuple[str, str], Any],
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """Drift repair: a restarted daemon lost its sets, warm-ups progressed, a push
+    failed earlier. Idempotent: in-sync nodes only get a GET."""
+    key = SetKey(namespace or "", name)
+    patch.status.update(await _reconcile(memo, key, body, warmnodes, configmaps, logger))
+
+
+@kopf.on.delete(GROUP, VERSION, "warmpromptsets")
+async def unwarm_set(
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    retry: int,
+    memo: kopf.Memo,
+    warmnodes: kopf.Index[str, Any],
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """Remove the set from every node that may hold it, then release the finalizer;
+    after a bounded number of retries, release it anyway and say so in an event."""
+    key = SetKey(namespace or "", name)
+    named = {e["node"] for e in (body.get("status") or {}).get("nodes") or []}
+    nodes = [
+        item["node"]
+        for item in _values(warmnodes)
+        if item["node"].name in named or str(key) in item["sets"]
+    ]
+    failed = await memo.service.remove_everywhere(key, nodes)
+    if not failed:
+        logger.info("removed %s from %d node(s)", key, len(nodes))
+        return
+    if retry < DELETE_RETRIES:
+        raise kopf.TemporaryError(
+            f"cannot reach {', '.join(failed)}; retrying", delay=min(2**retry, 30)
+        )
+    kopf.warn(
+        body,
+        reason="NodesUnreachable",
+        message=f"released without removing the set from {', '.join(failed)} "
+        f"after {retry + 1} attempts",
+    )
+
+
+# -- reactions to other resources -----------------------------------------------------
+
+
+@kopf.on.event("", "v1", "configmaps")
+async def configmap_changed(
+    type: str,
+    namespace: str | None,
+    name: str,
+    memo: kopf.Memo,
+    warmpromptsets: kopf.Index[tuple[str, str], Any],
+    warmnodes: kopf.Index[str, Any],
+    configmaps: kopf.Index[tuple[str, str], Any],
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """A referenced ConfigMap changed: re-push the sets that use it now."""
+    if not type:  # the initial listing, not a change
+        return
+    for wps in _values(warmpromptsets):
+        meta = wps["metadata"]
+        if meta["namespace"] == namespace and name in referenced_configmaps(wps.get("spec") or {}):
+            key = SetKey(meta["namespace"], meta["name"])
+            status = await _reconcile(memo, key, kopf.Body(wps), warmnodes, configmaps, logger)
+            await memo.kube.patch_set_status(key, status)
+
+
+@kopf.on.create(GROUP, VERSION, "warmnodes")
+@kopf.on.update(GROUP, VERSION, "warmnodes", field="metadata.labels")
+@kopf.on.update(GROUP, VERSION, "warmnodes", field="spec")
+async def node_changed(
+    memo: kopf.Memo,
+    warmpromptsets: kopf.Index[tuple[str, str], Any],
+    warmnodes: kopf.Index[str, Any],
+    configmaps: kopf.Index[tuple[str, str], Any],
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """A node joined or changed pools: re-target every set, once per burst."""
+    if memo.retarget is not None and not memo.retarget.done():
+        return
+
+    async def retarget() -> None:
+        await asyncio.sleep(RETARGET_DELAY)
+        for wps in _values(warmpromptsets):
+            meta = wps["metadata"]
+            key = SetKey(meta["namespace"], meta["name"])
+            try:
+                status = await _reconcile(memo, key, kopf.Body(wps), warmnodes, configmaps, logger)
+                await memo.kube.patch_set_status(key, status)
+            except Exception:  # the resync timer tries again shortly
+                logger.exception("re-targeting %s failed", key)
+
+    memo.retarget = asyncio.create_task(retarget())
+
+
+@kopf.timer(GROUP, VERSION, "warmnodes", interval=PROBE_SECONDS)
+async def probe_node(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    patch.status.update(await memo.service.probe(Node.from_object(dict(body))))
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+async def _reconcile(
+    memo: kopf.Memo,
+    key: SetKey,
+    body: kopf.Body,
+    warmnodes: kopf.Index[str, Any],
+    configmaps: kopf.Index[tuple[str, str], Any],
+    logger: Logger,
+) -> dict[str, Any]:
+    nodes = [item["node"] for item in _values(warmnodes)]
+    holders = [item["node"].name for item in _values(warmnodes) if str(key) in item["sets"]]
+    maps = {k: next(iter(store)) for k, store in configmaps.items()}
+    status = body.get("status") or {}
+    outcome = await memo.service.reconcile(
+        key,
+        spec=body.get("spec") or {},
+        generation=int(body.get("metadata", {}).get("generation") or 0),
+        nodes=nodes,
+        configmaps=maps,
+        status=status,
+        holders=holders,
+    )
+    if outcome.invalid is not None:
+        before = condition(status, "Degraded")
+        if not before or before.get("reason") != outcome.invalid.reason:
+            kopf.warn(body, reason=outcome.invalid.reason, message=outcome.invalid.message)
+    if outcome.pushes or outcome.removes:
+        logger.info(outcome.summary)
+    return dict(outcome.status)
+
+
+def _values(index: kopf.Index[Any, Any]) -> Iterable[Any]:
+    for store in index.values():
+        yield from store

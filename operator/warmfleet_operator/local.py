@@ -1,0 +1,202 @@
+"""Local mode: the same reconcile core, fed by a folder of YAML files (WarmNodes,
+WarmPromptSets, ConfigMaps, Secrets) instead of the Kubernetes API, for fleets of Macs
+without a cluster. Re-reads the folder when a file changes and on every resync; prints
+status changes and writes all statuses to a JSON file."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from warmfleet_operator.client import DaemonClient
+from warmfleet_operator.model import GROUP, Node, SecretRef, SetKey
+from warmfleet_operator.reconcile import condition
+from warmfleet_operator.service import Service
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Folder:
+    """Everything the folder declares, by kind."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sets: dict[SetKey, dict[str, Any]] = field(default_factory=dict)
+    configmaps: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    generations: dict[SetKey, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def read_folder(directory: Path) -> Folder:
+    folder = Folder()
+    for path in sorted(directory.glob("*.y*ml")):
+        try:
+            documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            folder.errors.append(f"{path.name}: {exc}")
+            continue
+        for doc in documents:
+            _add(folder, doc, path)
+    return folder
+
+
+def _add(folder: Folder, doc: Any, path: Path) -> None:
+    if not isinstance(doc, dict) or "kind" not in doc:
+        folder.errors.append(f"{path.name}: a document without a kind")
+        return
+    kind, meta = doc["kind"], doc.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace") or "default"
+    if not name:
+        folder.errors.append(f"{path.name}: a {kind} without metadata.name")
+    elif kind == "WarmNode" and doc.get("apiVersion", "").startswith(GROUP):
+        folder.nodes[name] = doc
+    elif kind == "WarmPromptSet" and doc.get("apiVersion", "").startswith(GROUP):
+        key = SetKey(namespace, name)
+        folder.sets[key] = doc
+        # No API server counts generations here: the file's age stands in, it grows on edit.
+        folder.generations[key] = int(path.stat().st_mtime)
+    elif kind == "ConfigMap":
+        folder.configmaps[(namespace, name)] = {
+            k: str(v) for k, v in (doc.get("data") or {}).items()
+        }
+    elif kind == "Secret":
+        data = {k: base64.b64decode(v).decode().strip() for k, v in (doc.get("data") or {}).items()}
+        data.update({k: str(v).strip() for k, v in (doc.get("stringData") or {}).items()})
+        folder.secrets[(namespace, name)] = data
+    else:
+        folder.errors.append(f"{path.name}: {kind} {name} is not used in local mode")
+
+
+class FolderTokens:
+    def __init__(self) -> None:
+        self.folder = Folder()
+
+    async def token(self, ref: SecretRef) -> str | None:
+        return self.folder.secrets.get((ref.namespace or "default", ref.name), {}).get(ref.key)
+
+
+async def run_local(
+    directory: Path,
+    *,
+    resync: float = 30.0,
+    status_file: Path | None = None,
+    once: bool = False,
+    stop: asyncio.Event | None = None,
+) -> dict[str, Any]:
+    """Reconcile the folder until `stop` (or once). Returns the last statuses."""
+    tokens = FolderTokens()
+    daemons = DaemonClient(tokens)
+    service = Service(daemons)
+    statuses: dict[str, Any] = {"warmNodes": {}, "warmPromptSets": {}}
+    previous_sets: set[SetKey] = set()
+    stop = stop or asyncio.Event()
+    try:
+        while True:
+            folder = read_folder(directory)
+            tokens.folder = folder
+            for error in folder.errors:
+                log.warning("%s", error)
+            statuses = await _pass(service, folder, statuses, previous_sets)
+            previous_sets = set(folder.sets)
+            if status_file is not None:
+                _write_json(status_file, statuses)
+            if once:
+                return statuses
+            await _wait_for_change(directory, resync, stop)
+            if stop.is_set():
+                return statuses
+    finally:
+        await daemons.close()
+
+
+async def _pass(
+    service: Service, folder: Folder, before: dict[str, Any], previous_sets: set[SetKey]
+) -> dict[str, Any]:
+    node_statuses: dict[str, Any] = {}
+    nodes: list[Node] = []
+    for name, doc in sorted(folder.nodes.items()):
+        probe = await service.probe(Node.from_object(doc))
+        node_statuses[name] = probe
+        nodes.append(Node.from_object({**doc, "status": probe}))
+        if probe.get("reachable") != (before["warmNodes"].get(name) or {}).get("reachable"):
+            detail = f" {probe['error']}" if probe.get("error") else ""
+            print(f"WarmNode {name}: reachable={probe['reachable']}{detail}", flush=True)
+    set_statuses: dict[str, Any] = {}
+    for key, doc in sorted(folder.sets.items(), key=lambda kv: str(kv[0])):
+        old = before["warmPromptSets"].get(str(key))
+        holders = [n for n, s in node_statuses.items() if str(key) in (s.get("warmSets") or [])]
+        outcome = await service.reconcile(
+            key,
+            spec=doc.get("spec") or {},
+            generation=folder.generations[key],
+            nodes=nodes,
+            configmaps=folder.configmaps,
+            status=old,
+            holders=holders,
+        )
+        set_statuses[str(key)] = outcome.status
+        ready = condition(outcome.status, "Ready") or {}
+        was = condition(old or {}, "Ready") or {}
+        if (ready.get("status"), ready.get("reason")) != (was.get("status"), was.get("reason")):
+            print(
+                f"WarmPromptSet {key}: Ready={ready.get('status')} {ready.get('reason')} "
+                f"({outcome.status['warmNodes']} nodes warm) {ready.get('message', '')}",
+                flush=True,
+            )
+    for key in previous_sets - set(folder.sets):
+        failed = await service.remove_everywhere(key, nodes)
+        print(
+            f"WarmPromptSet {key}: removed"
+            + (f" (unreachable: {', '.join(failed)})" if failed else ""),
+            flush=True,
+        )
+    return {"warmNodes": node_statuses, "warmPromptSets": set_statuses}
+
+
+async def _wait_for_change(directory: Path, resync: float, stop: asyncio.Event) -> None:
+    """Until a YAML file is added, removed or modified, `resync` seconds pass, or stop."""
+    start = _fingerprint(directory)
+    deadline = asyncio.get_running_loop().time() + resync
+    while asyncio.get_running_loop().time() < deadline and not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):  # poll the files twice a second
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+        if _fingerprint(directory) != start:
+            return
+
+
+def _fingerprint(directory: Path) -> list[tuple[str, float, int]]:
+    out = []
+    for path in sorted(directory.glob("*.y*ml")):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        out.append((path.name, st.st_mtime, st.st_size))
+    return out
+
+
+def _write_json(path: Path, value: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".status-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def all_ready(statuses: dict[str, Any], keys: Iterable[str] | None = None) -> bool:
+    sets = statuses.get("warmPromptSets") or {}
+    names = list(keys) if keys is not None else list(sets)
+    return bool(names) and all(
+        (condition(sets.get(k) or {}, "Ready") or {}).get("status") == "True" for k in names
+    )

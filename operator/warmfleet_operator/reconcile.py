@@ -1,0 +1,288 @@
+"""The pure reconcile core: a WarmPromptSet, the WarmNodes and what each daemon
+reports in; what to push, what to remove, and the status to write out. No I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from warmfleet_daemon.contract import PromptState, WarmSetSpec
+from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
+
+ConfigMaps = Mapping[tuple[str, str], Mapping[str, str]]  # (namespace, name) -> data
+
+
+# -- selection ----------------------------------------------------------------------
+
+
+def matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels AND matchExpressions)."""
+    if not selector:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def select_nodes(
+    selector: Mapping[str, Any] | None, nodes: Iterable[Node], model: str | None = None
+) -> list[Node]:
+    """The nodes a set targets, by name. A model filter skips nodes known to serve
+    another model (a node not probed yet is kept: the push tells)."""
+    chosen = [
+        n
+        for n in nodes
+        if matches(selector, n.labels) and (not model or n.model is None or n.model == model)
+    ]
+    return sorted(chosen, key=lambda n: n.name)
+
+
+# -- the desired state ----------------------------------------------------------------
+
+
+def referenced_configmaps(spec: Mapping[str, Any]) -> set[str]:
+    return {
+        p["messagesFrom"]["configMapKeyRef"]["name"]
+        for p in spec.get("prompts") or []
+        if p.get("messagesFrom")
+    }
+
+
+def resolve(
+    spec: Mapping[str, Any], namespace: str, generation: int, configmaps: ConfigMaps
+) -> WarmSetSpec:
+    """The push body for a WarmPromptSet spec, ConfigMap references resolved.
+    Raises InvalidSpec (reason ConfigMapMissing, ConfigMapInvalid or InvalidSpec)."""
+    prompts = []
+    for prompt in spec.get("prompts") or []:
+        item = {k: v for k, v in prompt.items() if k != "messagesFrom"}
+        source = prompt.get("messagesFrom")
+        if source:
+            ref = source["configMapKeyRef"]
+            data = configmaps.get((namespace, ref["name"]))
+            if data is None:
+                raise InvalidSpec(
+                    "ConfigMapMissing",
+                    f"prompt {prompt.get('name')!r}: ConfigMap {namespace}/{ref['name']} not found",
+                )
+            if ref["key"] not in data:
+                raise InvalidSpec(
+                    "ConfigMapMissing",
+                    f"prompt {prompt.get('name')!r}: ConfigMap {namespace}/{ref['name']} "
+                    f"has no key {ref['key']!r}",
+                )
+            item["messages"] = _parse_messages(data[ref["key"]], prompt.get("name"), ref)
+        prompts.append(item)
+    body = {
+        "generation": generation,
+        "prompts": prompts,
+        "concurrency": spec.get("concurrency", 2),
+        "pin": spec.get("pin", True),
+    }
+    body["source_hash"] = _hash(body | {"generation": None})
+    try:
+        return WarmSetSpec.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidSpec("InvalidSpec", f"{where}: {first['msg']}") from exc
+
+
+def _parse_messages(text: str, prompt: str | None, ref: Mapping[str, str]) -> Any:
+    try:
+        messages = yaml.safe_load(text)  # YAML is a superset of JSON
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(
+            "ConfigMapInvalid", f"prompt {prompt!r}: {ref['name']}/{ref['key']}: {exc}"
+        ) from exc
+    if not isinstance(messages, list):
+        raise InvalidSpec(
+            "ConfigMapInvalid",
+            f"prompt {prompt!r}: {ref['name']}/{ref['key']} must hold a list of messages",
+        )
+    return messages
+
+
+# -- actions --------------------------------------------------------------------------
+
+
+def plan(
+    desired: WarmSetSpec,
+    selected: Sequence[Node],
+    observations: Mapping[str, Observation],
+    holders: Iterable[Node],
+) -> tuple[list[Push], list[Remove]]:
+    """Push to selected nodes that lack the set or hold an older version of it;
+    remove it from nodes that hold it but are no longer selected."""
+    pushes = []
+    for node in selected:
+        seen = observations.get(node.name)
+        if seen is None or not seen.reachable:
+            continue  # retried at the next resync
+        have = seen.status
+        if (
+            have is None
+            or have.source_hash != desired.source_hash
+            or have.generation != desired.generation
+        ):
+            pushes.append(Push(node, desired))
+    chosen = {n.name for n in selected}
+    removes = [Remove(n) for n in holders if n.name not in chosen]
+    return pushes, removes
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+def node_entry(node: Node, seen: Observation | None, now: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"node": node.name, "url": node.url, "lastSync": now}
+    if seen is None or not seen.reachable:
+        entry.update(warm=0, total=0, tokens=0, error=(seen.error if seen else "not probed yet"))
+        return entry
+    status = seen.status
+    if status is None:
+        entry.update(warm=0, total=0, tokens=0, error=seen.error)
+        return entry
+    failed = [p for p in status.prompts if p.state is PromptState.FAILED]
+    entry.update(
+        warm=status.warm,
+        total=status.total,
+        tokens=sum(p.tokens for p in status.prompts if p.state is PromptState.WARM),
+        generation=status.generation,
+        error="; ".join(f"{p.name}: {p.error}" for p in failed) or None,
+    )
+    return entry
+
+
+def set_status(
+    *,
+    generation: int,
+    selected: Sequence[Node],
+    observations: Mapping[str, Observation],
+    desired: WarmSetSpec | None,
+    invalid: InvalidSpec | None,
+    previous: Sequence[Mapping[str, Any]],
+    now: str,
+) -> dict[str, Any]:
+    """The WarmPromptSet status: per node entries and Ready/Progressing/Degraded."""
+    nodes = [node_entry(n, observations.get(n.name), now) for n in selected]
+    current = [
+        e
+        for e in nodes
+        if desired is not None and _is_current(observations.get(e["node"]), desired)
+    ]
+    warm_nodes = sum(1 for e in current if e["total"] and e["warm"] == e["total"])
+    unreachable = [n.name for n in selected if not _reachable(observations.get(n.name))]
+    failed = [e["node"] for e in nodes if e.get("error") and e["node"] not in unreachable]
+
+    if invalid is not None:
+        ready = ("False", invalid.reason, invalid.message)
+        progressing = ("False", invalid.reason, "nothing pushed until the spec is fixed")
+        degraded = ("True", invalid.reason, invalid.message)
+    elif not selected:
+        ready = ("False", "NoNodes", "no WarmNode matches the node selector")
+        progressing = ("False", "NoNodes", "no WarmNode matches the node selector")
+        degraded = ("False", "NoNodes", "no WarmNode matches the node selector")
+    else:
+        total = len(selected)
+        if warm_nodes == total:
+            ready = ("True", "AllWarm", f"every prompt is warm on {total}/{total} nodes")
+        elif unreachable:
+            ready = ("False", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")
+        elif failed:
+            ready = ("False", "WarmUpFailed", f"prompts failed on: {', '.join(failed)}")
+        else:
+            ready = ("False", "Warming", f"{warm_nodes}/{total} nodes warm")
+        busy = warm_nodes < total and not unreachable and not failed
+        progressing = (
+            ("True", "Warming", f"{warm_nodes}/{total} nodes warm")
+            if busy
+            else ("False", ready[1], ready[2])
+        )
+        if unreachable:
+            degraded = ("True", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")
+        elif failed:
+            degraded = (
+                "True",
+                "WarmUpFailed",
+                "; ".join(e["error"] for e in nodes if e.get("error")),
+            )
+        else:
+            degraded = ("False", "AsExpected", "all selected nodes reachable")
+    conditions = [
+        _condition("Ready", ready, generation, previous, now),
+        _condition("Progressing", progressing, generation, previous, now),
+        _condition("Degraded", degraded, generation, previous, now),
+    ]
+    return {
+        "observedGeneration": generation,
+        "warmNodes": f"{warm_nodes}/{len(selected)}",
+        "nodes": nodes,
+        "conditions": conditions,
+    }
+
+
+def condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _condition(
+    kind: str,
+    value: tuple[str, str, str],
+    generation: int,
+    previous: Sequence[Mapping[str, Any]],
+    now: str,
+) -> dict[str, Any]:
+    status, reason, message = value
+    before = next((c for c in previous if c.get("type") == kind), None)
+    changed = before is None or before.get("status") != status
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message[:4096],
+        "observedGeneration": generation,
+        "lastTransitionTime": now if changed else before.get("lastTransitionTime", now),  # type: ignore[union-attr]
+    }
+
+
+def _reachable(seen: Observation | None) -> bool:
+    return seen is not None and seen.reachable
+
+
+def _is_current(seen: Observation | None, desired: WarmSetSpec) -> bool:
+    return (
+        seen is not None
+        and seen.status is not None
+        and seen.status.source_hash == desired.source_hash
+    )
+
+
+def _hash(value: object) -> str:
+    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def describe(key: SetKey, pushes: Sequence[Push], removes: Sequence[Remove]) -> str:
+    parts = []
+    if pushes:
+        parts.append("pushed to " + ", ".join(p.node.name for p in pushes))
+    if removes:
+        parts.append("removed from " + ", ".join(r.node.name for r in removes))
+    return f"{key}: " + ("; ".join(parts) if parts else "in sync")

@@ -1,0 +1,160 @@
+"""One reconcile pass: observe the daemons, let the pure core decide, act, and
+return the status to write. Used by the kopf handlers and by local mode alike."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from warmfleet_daemon.contract import WarmSetSpec
+from warmfleet_operator import reconcile
+from warmfleet_operator.client import DaemonClient, DaemonError
+from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: dict[str, Any]
+    pushes: list[Push]
+    removes: list[Remove]
+    invalid: InvalidSpec | None
+    summary: str
+
+
+class Service:
+    def __init__(self, daemons: DaemonClient) -> None:
+        self.daemons = daemons
+
+    async def reconcile(
+        self,
+        key: SetKey,
+        *,
+        spec: Mapping[str, Any],
+        generation: int,
+        nodes: Iterable[Node],
+        configmaps: reconcile.ConfigMaps,
+        status: Mapping[str, Any] | None,
+        holders: Iterable[str] = (),
+    ) -> Outcome:
+        """Bring every selected node in line with the set; return its new status.
+        `holders` are nodes known to hold the set (from their probes)."""
+        nodes = list(nodes)
+        previous = status or {}
+        try:
+            desired: WarmSetSpec | None = reconcile.resolve(
+                spec, key.namespace, generation, configmaps
+            )
+            invalid = None
+        except InvalidSpec as exc:
+            desired, invalid = None, exc
+        selected = reconcile.select_nodes(spec.get("nodeSelector"), nodes, spec.get("model"))
+        observations = await self.observe(key, selected)
+        pushes: list[Push] = []
+        removes: list[Remove] = []
+        if desired is not None:
+            by_name = {n.name: n for n in nodes}
+            had = {e["node"] for e in previous.get("nodes") or []} | set(holders)
+            pushes, removes = reconcile.plan(
+                desired, selected, observations, [by_name[n] for n in had if n in by_name]
+            )
+            observations.update(await self._push(key, pushes))
+            await self._remove(key, removes)
+        new_status = reconcile.set_status(
+            generation=generation,
+            selected=selected,
+            observations=observations,
+            desired=desired,
+            invalid=invalid,
+            previous=previous.get("conditions") or [],
+            now=now(),
+        )
+        return Outcome(
+            new_status, pushes, removes, invalid, reconcile.describe(key, pushes, removes)
+        )
+
+    async def observe(self, key: SetKey, nodes: Sequence[Node]) -> dict[str, Observation]:
+        results = await asyncio.gather(*(self._observe(key, n) for n in nodes))
+        return {n.name: r for n, r in zip(nodes, results)}
+
+    async def remove_everywhere(self, key: SetKey, nodes: Iterable[Node]) -> list[str]:
+        """Delete the set from these nodes; returns the ones that could not be reached."""
+        failed = await self._remove(key, [Remove(n) for n in nodes])
+        return failed
+
+    async def probe(self, node: Node) -> dict[str, Any]:
+        """The WarmNode status: reachable, model, cache figures, the sets it holds."""
+        stamp = now()
+        try:
+            status = await self.daemons.status(node)
+        except DaemonError as exc:
+            return {
+                "reachable": False,
+                "lastProbe": stamp,
+                "error": exc.message,
+                "conditions": [_reachable_condition(False, exc.message, stamp)],
+            }
+        cache = status.get("cache") or {}
+        rate = float(cache.get("hit_rate") or 0.0)
+        sets = sorted(f"{s['namespace']}/{s['name']}" for s in status.get("warm_sets") or [])
+        return {
+            "reachable": True,
+            "lastProbe": stamp,
+            "error": None,
+            "model": (status.get("model") or {}).get("id"),
+            "cacheBytes": int(cache.get("bytes") or 0),
+            "cacheBudgetBytes": int(cache.get("budget_bytes") or 0),
+            "hitRate": round(rate, 4),
+            "hitRatePercent": f"{rate * 100:.1f}%",
+            "warmSets": sets,
+            "conditions": [_reachable_condition(True, "the daemon answered", stamp)],
+        }
+
+    async def _observe(self, key: SetKey, node: Node) -> Observation:
+        try:
+            return Observation(node.name, True, await self.daemons.get_warm_set(node, key))
+        except DaemonError as exc:
+            return Observation(node.name, not exc.unreachable, None, exc.message)
+
+    async def _push(self, key: SetKey, pushes: Sequence[Push]) -> dict[str, Observation]:
+        async def one(push: Push) -> Observation:
+            try:
+                status = await self.daemons.put_warm_set(push.node, key, push.spec)
+                return Observation(push.node.name, True, status)
+            except DaemonError as exc:
+                log.warning("push of %s to %s failed: %s", key, push.node.name, exc.message)
+                return Observation(push.node.name, not exc.unreachable, None, exc.message)
+
+        results = await asyncio.gather(*(one(p) for p in pushes))
+        return {p.node.name: r for p, r in zip(pushes, results)}
+
+    async def _remove(self, key: SetKey, removes: Sequence[Remove]) -> list[str]:
+        async def one(remove: Remove) -> str | None:
+            try:
+                await self.daemons.delete_warm_set(remove.node, key)
+                return None
+            except DaemonError as exc:
+                log.warning("removing %s from %s failed: %s", key, remove.node.name, exc.message)
+                return remove.node.name
+
+        results = await asyncio.gather(*(one(r) for r in removes))
+        return [name for name in results if name is not None]
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _reachable_condition(ok: bool, message: str, stamp: str) -> dict[str, Any]:
+    return {
+        "type": "Reachable",
+        "status": "True" if ok else "False",
+        "reason": "Answered" if ok else "Unreachable",
+        "message": message[:1024],
+        "lastTransitionTime": stamp,
+    }

@@ -1,0 +1,102 @@
+"""kmock's Kubernetes emulator, made a little more like kube-apiserver, and helpers
+for tests that drive the operator through it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kmock
+
+ALL_VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
+RESOURCES = {
+    "warmfleet.io/v1alpha1/warmpromptsets": kmock.ResourceInfo(
+        kind="WarmPromptSet", namespaced=True, verbs=ALL_VERBS, subresources={"status"}
+    ),
+    "warmfleet.io/v1alpha1/warmnodes": kmock.ResourceInfo(
+        kind="WarmNode", namespaced=False, verbs=ALL_VERBS, subresources={"status"}
+    ),
+    "v1/configmaps": kmock.ResourceInfo(kind="ConfigMap", namespaced=True, verbs=ALL_VERBS),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=ALL_VERBS),
+    "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True, verbs=ALL_VERBS),
+    "v1/namespaces": kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=ALL_VERBS),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False, verbs=ALL_VERBS
+    ),
+}
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus what kube-apiserver adds to created objects and kopf
+        relies on: a uid (kopf keys its per-object state by it), a resourceVersion (kopf's
+        patches test it), a generation, and names for `generateName` (kopf's events); and the
+    core group's discovery document the way kubectl expects it."""
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if "name" not in meta and "generateName" in meta:
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("resourceVersion", "1")
+            meta.setdefault("generation", 1)
+            meta.setdefault(
+                "creationTimestamp",
+                datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+        return await super()._handle(request)
+
+    async def _serve_version(self, request: Any) -> Any:
+        # kmock answers /api/v1 with groupVersion "/v1"; the core group's is "v1".
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict) and payload.get("groupVersion", "").startswith("/"):
+            payload["groupVersion"] = payload["groupVersion"][1:]
+        return payload
+
+
+@dataclass
+class Cluster:
+    emulator: Emulator
+    api: httpx.AsyncClient
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = await self.api.post(path, json=body)
+        assert r.status_code in (200, 201), r.text
+        return dict(r.json())
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        r = await self.api.get(path)
+        return None if r.status_code == 404 else dict(r.json())
+
+    async def merge(self, path: str, body: dict[str, Any]) -> None:
+        r = await self.api.patch(
+            path, json=body, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        assert r.status_code == 200, r.text
+
+    async def delete(self, path: str) -> None:
+        r = await self.api.delete(path)
+        assert r.status_code == 200, r.text
+
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            obj.raw
+            for (resource, _, _), obj in self.emulator.objects.items()
+            if resource.plural == "events"
+        ]
+
+
+async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll an async predicate until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    while asyncio.get_running_loop().time() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")

