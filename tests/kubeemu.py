@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import itertools
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import jsonpatch
 import kmock
 
 ALL_VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
@@ -31,10 +33,13 @@ RESOURCES = {
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus what kube-apiserver adds to created objects and kopf
-        relies on: a uid (kopf keys its per-object state by it), a resourceVersion (kopf's
-        patches test it), a generation, and names for `generateName` (kopf's events); and the
-    core group's discovery document the way kubectl expects it."""
+    """kmock's emulator plus what kube-apiserver does and kopf relies on: a uid on
+    creation (kopf keys its per-object state by it), a resourceVersion that changes
+    on every write (kopf waits for its own patches to come back by it), a generation
+    bumped by spec changes, names for `generateName` (kopf's events), 422 for a failed
+    JSON-patch test; and the core group's discovery document the way kubectl expects it."""
+
+    _versions = itertools.count(1)
 
     async def _handle(self, request: Any) -> Any:
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
@@ -42,13 +47,34 @@ class Emulator(kmock.KubernetesEmulator):
             if "name" not in meta and "generateName" in meta:
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("resourceVersion", "1")
+            meta["resourceVersion"] = str(next(self._versions))
             meta.setdefault("generation", 1)
             meta.setdefault(
                 "creationTimestamp",
                 datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             )
-        return await super()._handle(request)
+        elif request.action == kmock.action.UPDATE and request.name is not None:
+            version = str(next(self._versions))
+            if isinstance(request.data, dict):  # merge patch
+                meta = request.data.setdefault("metadata", {})
+                meta["resourceVersion"] = version
+                if "spec" in request.data and "generation" not in meta:
+                    meta["generation"] = self._generation(request) + 1
+            elif isinstance(request.data, list):  # JSON patch (kopf's, after its test op)
+                request.data.append(
+                    {"op": "add", "path": "/metadata/resourceVersion", "value": version}
+                )
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            # kube-apiserver answers a failed `test` op (kopf's stale resourceVersion) with
+            # 422, which kopf treats as "retry on the next event", not as a crash.
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+
+    def _generation(self, request: Any) -> int:
+        key = (request.resource, request.namespace, request.name)
+        raw = self._objects[key].raw if key in self._objects else {}
+        return int((raw.get("metadata") or {}).get("generation") or 0)
 
     async def _serve_version(self, request: Any) -> Any:
         # kmock answers /api/v1 with groupVersion "/v1"; the core group's is "v1".

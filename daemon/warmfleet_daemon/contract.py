@@ -85,6 +85,12 @@ class WarmSetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     generation: int = Field(0, ge=0, description="the WarmPromptSet's metadata.generation")
+    uid: str | None = Field(
+        None,
+        max_length=128,
+        description="the pusher's identity for the object (the WarmPromptSet's metadata.uid); "
+        "generations are ordered only within one uid, a new uid replaces whatever is held",
+    )
     prompts: list[WarmPrompt] = Field(default_factory=list, max_length=256)
     concurrency: int = Field(2, ge=1, le=16, description="warm-ups in flight at once")
     pin: bool = Field(True, description="keep the warmed blocks out of LRU eviction")
@@ -127,6 +133,7 @@ class WarmSetStatus(BaseModel):
     namespace: str
     name: str
     generation: int
+    uid: str | None = None
     source_hash: str | None = None
     content_hash: str
     concurrency: int

@@ -100,6 +100,7 @@ class _Set:
             namespace=self.namespace,
             name=self.name,
             generation=self.spec.generation,
+            uid=self.spec.uid,
             source_hash=self.spec.source_hash,
             content_hash=self.content_hash,
             concurrency=self.spec.concurrency,
@@ -194,18 +195,22 @@ class WarmManager:
         with self._lock:
             key = (namespace, name)
             old = self._sets.get(key)
-            if old is not None and old.content_hash == set_hash:
-                old.spec = spec  # same content: only the generation may differ
-                old.updated_at = time.time()
-                self._save(persist)
-                return old.status()
-            if old is not None and spec.generation < old.spec.generation:
+            if (
+                old is not None
+                and spec.uid == old.spec.uid
+                and spec.generation < old.spec.generation
+            ):
                 raise WarmSetError(
                     409,
                     f"generation {spec.generation} is older than the applied "
                     f"{old.spec.generation}; nothing changed",
                     "generation",
                 )
+            if old is not None and old.content_hash == set_hash:
+                old.spec = spec  # same content: only the generation or uid differs
+                old.updated_at = time.time()
+                self._save(persist)
+                return old.status()
             entries: dict[str, _Prompt] = {}
             for prompt in spec.prompts:
                 result = rendered[prompt.name]

@@ -33,12 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per daemon call otherwise
     if args.local:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        _quiet_http_client()
         return _run_local(Path(args.local), args)
     # The handlers read their periods at import.
     os.environ["WARMFLEET_RESYNC_SECONDS"] = str(args.resync_seconds)
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     import warmfleet_operator.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose)
+    kopf.configure(verbose=args.verbose)  # kopf's own log format, one handler
+    _quiet_http_client()
     kopf.run(
         clusterwide=args.all_namespaces or not args.namespace,
         namespaces=args.namespace,
@@ -55,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         standalone=True,
     )
     return 0
+
+
+def _quiet_http_client() -> None:
+    # One line per daemon call otherwise; failures are logged by the client itself.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.INFO)
 
 
 def _run_local(directory: Path, args: argparse.Namespace) -> int:

@@ -78,10 +78,9 @@ class DaemonClient:
         body = spec.model_dump(mode="json", exclude_none=True)
         r = await self._call(node, "PUT", path, json=body, ok=(202, 409))
         if r.status_code == 409:
-            # A stale copy with a newer generation (the object was recreated while the
-            # node was away): replace it.
-            await self._call(node, "DELETE", path, ok=(200, 404))
-            r = await self._call(node, "PUT", path, json=body, ok=(202,))
+            # The node already holds a newer generation (a concurrent pass pushed it):
+            # nothing changed there, so report what it holds.
+            r = await self._call(node, "GET", path, ok=(200,))
         return _parse(WarmSetStatus, r)
 
     async def delete_warm_set(self, node: Node, key: SetKey) -> bool:

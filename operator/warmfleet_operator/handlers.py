@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import kopf
 
 from warmfleet_operator.client import DaemonClient, KubeClient
 from warmfleet_operator.model import GROUP, VERSION, Node, SetKey
-from warmfleet_operator.reconcile import condition, referenced_configmaps
+from warmfleet_operator.reconcile import changed, condition, referenced_configmaps
 from warmfleet_operator.service import Service
 
 log = logging.getLogger(__name__)
@@ -35,14 +35,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     memo.daemons = DaemonClient(memo.kube)
     memo.service = Service(memo.daemons)
-    memo.retarget = None
+    memo.retarget = Coalesced(RETARGET_DELAY)
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    if memo.retarget is not None:
-        memo.retarget.cancel()
-        await asyncio.gather(memo.retarget, return_exceptions=True)
+    await memo.retarget.close()
     await memo.daemons.close()
     await memo.kube.close()
 
@@ -101,7 +99,9 @@ async def reconcile_set(
     **_: Any,
 ) -> None:
     key = SetKey(namespace or "", name)
-    patch.status.update(await _reconcile(memo, key, body, warmnodes, configmaps, logger))
+    status = await _reconcile(memo, key, body, warmnodes, configmaps, logger)
+    if status is not None:
+        patch.status.update(status)
 
 
 @kopf.timer(GROUP, VERSION, "warmpromptsets", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
@@ -119,7 +119,9 @@ async def resync_set(
     """Drift repair: a restarted daemon lost its sets, warm-ups progressed, a push
     failed earlier. Idempotent: in-sync nodes only get a GET."""
     key = SetKey(namespace or "", name)
-    patch.status.update(await _reconcile(memo, key, body, warmnodes, configmaps, logger))
+    status = await _reconcile(memo, key, body, warmnodes, configmaps, logger)
+    if status is not None:
+        patch.status.update(status)
 
 
 @kopf.on.delete(GROUP, VERSION, "warmpromptsets")
@@ -181,7 +183,8 @@ async def configmap_changed(
         if meta["namespace"] == namespace and name in referenced_configmaps(wps.get("spec") or {}):
             key = SetKey(meta["namespace"], meta["name"])
             status = await _reconcile(memo, key, kopf.Body(wps), warmnodes, configmaps, logger)
-            await memo.kube.patch_set_status(key, status)
+            if status is not None:
+                await memo.kube.patch_set_status(key, status)
 
 
 @kopf.on.create(GROUP, VERSION, "warmnodes")
@@ -196,29 +199,56 @@ async def node_changed(
     **_: Any,
 ) -> None:
     """A node joined or changed pools: re-target every set, once per burst."""
-    if memo.retarget is not None and not memo.retarget.done():
-        return
 
     async def retarget() -> None:
-        await asyncio.sleep(RETARGET_DELAY)
         for wps in _values(warmpromptsets):
             meta = wps["metadata"]
             key = SetKey(meta["namespace"], meta["name"])
             try:
                 status = await _reconcile(memo, key, kopf.Body(wps), warmnodes, configmaps, logger)
-                await memo.kube.patch_set_status(key, status)
+                if status is not None:
+                    await memo.kube.patch_set_status(key, status)
             except Exception:  # the resync timer tries again shortly
                 logger.exception("re-targeting %s failed", key)
 
-    memo.retarget = asyncio.create_task(retarget())
+    memo.retarget.trigger(retarget)
 
 
 @kopf.timer(GROUP, VERSION, "warmnodes", interval=PROBE_SECONDS)
 async def probe_node(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    patch.status.update(await memo.service.probe(Node.from_object(dict(body))))
+    status = await memo.service.probe(Node.from_object(dict(body)))
+    if changed(body.get("status") or {}, status):
+        patch.status.update(status)
 
 
 # -- helpers --------------------------------------------------------------------------
+
+
+class Coalesced:
+    """Runs a pass once, `delay` after the first trigger of a burst, and once more if
+    triggered while it ran. kopf gives each object a shallow copy of the memo, so this
+    mutable holder is what the handlers of all WarmNodes share."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self._pending = False
+        self._task: asyncio.Task[None] | None = None
+
+    def trigger(self, run: Callable[[], Awaitable[None]]) -> None:
+        self._pending = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(run))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self, run: Callable[[], Awaitable[None]]) -> None:
+        while self._pending:
+            await asyncio.sleep(self.delay)
+            self._pending = False
+            await run()
 
 
 async def _reconcile(
@@ -228,27 +258,33 @@ async def _reconcile(
     warmnodes: kopf.Index[str, Any],
     configmaps: kopf.Index[tuple[str, str], Any],
     logger: Logger,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    """The status to write, or None when there is nothing new to write: it differs
+    only in heartbeats, or a newer generation was reconciled meanwhile."""
     nodes = [item["node"] for item in _values(warmnodes)]
     holders = [item["node"].name for item in _values(warmnodes) if str(key) in item["sets"]]
     maps = {k: next(iter(store)) for k, store in configmaps.items()}
     status = body.get("status") or {}
+    meta = body.get("metadata") or {}
     outcome = await memo.service.reconcile(
         key,
         spec=body.get("spec") or {},
-        generation=int(body.get("metadata", {}).get("generation") or 0),
+        generation=int(meta.get("generation") or 0),
+        uid=meta.get("uid"),
         nodes=nodes,
         configmaps=maps,
         status=status,
         holders=holders,
     )
+    if outcome is None:
+        return None
     if outcome.invalid is not None:
         before = condition(status, "Degraded")
         if not before or before.get("reason") != outcome.invalid.reason:
             kopf.warn(body, reason=outcome.invalid.reason, message=outcome.invalid.message)
     if outcome.pushes or outcome.removes:
         logger.info(outcome.summary)
-    return dict(outcome.status)
+    return dict(outcome.status) if changed(status, outcome.status) else None
 
 
 def _values(index: kopf.Index[Any, Any]) -> Iterable[Any]:

@@ -146,6 +146,9 @@ async def _pass(
             status=old,
             holders=holders,
         )
+        if outcome is None:  # an older file than the one last applied: keep that
+            set_statuses[str(key)] = old
+            continue
         set_statuses[str(key)] = outcome.status
         ready = condition(outcome.status, "Ready") or {}
         was = condition(old or {}, "Ready") or {}

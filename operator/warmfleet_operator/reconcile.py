@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from warmfleet_daemon.contract import PromptState, WarmSetSpec
+from warmfleet_daemon.contract import PromptState, WarmSetSpec, WarmSetStatus
 from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
 
 ConfigMaps = Mapping[tuple[str, str], Mapping[str, str]]  # (namespace, name) -> data
@@ -66,7 +66,11 @@ def referenced_configmaps(spec: Mapping[str, Any]) -> set[str]:
 
 
 def resolve(
-    spec: Mapping[str, Any], namespace: str, generation: int, configmaps: ConfigMaps
+    spec: Mapping[str, Any],
+    namespace: str,
+    generation: int,
+    configmaps: ConfigMaps,
+    uid: str | None = None,
 ) -> WarmSetSpec:
     """The push body for a WarmPromptSet spec, ConfigMap references resolved.
     Raises InvalidSpec (reason ConfigMapMissing, ConfigMapInvalid or InvalidSpec)."""
@@ -92,11 +96,12 @@ def resolve(
         prompts.append(item)
     body = {
         "generation": generation,
+        "uid": uid,
         "prompts": prompts,
         "concurrency": spec.get("concurrency", 2),
         "pin": spec.get("pin", True),
     }
-    body["source_hash"] = _hash(body | {"generation": None})
+    body["source_hash"] = _hash(body | {"generation": None, "uid": None})
     try:
         return WarmSetSpec.model_validate(body)
     except ValidationError as exc:
@@ -130,22 +135,25 @@ def plan(
     holders: Iterable[Node],
 ) -> tuple[list[Push], list[Remove]]:
     """Push to selected nodes that lack the set or hold an older version of it;
-    remove it from nodes that hold it but are no longer selected."""
+    remove it from nodes that hold it but are no longer selected. A node holding a
+    newer generation of the same object is left alone: this pass saw a stale body."""
     pushes = []
     for node in selected:
         seen = observations.get(node.name)
         if seen is None or not seen.reachable:
             continue  # retried at the next resync
-        have = seen.status
-        if (
-            have is None
-            or have.source_hash != desired.source_hash
-            or have.generation != desired.generation
-        ):
+        if _outdated(seen.status, desired):
             pushes.append(Push(node, desired))
     chosen = {n.name for n in selected}
     removes = [Remove(n) for n in holders if n.name not in chosen]
     return pushes, removes
+
+
+def _outdated(have: WarmSetStatus | None, desired: WarmSetSpec) -> bool:
+    if have is None or have.uid != desired.uid or have.generation < desired.generation:
+        return True
+    # A ConfigMap edit changes what resolves without bumping the generation.
+    return have.generation == desired.generation and have.source_hash != desired.source_hash
 
 
 # -- status ---------------------------------------------------------------------------
@@ -237,6 +245,20 @@ def set_status(
         "nodes": nodes,
         "conditions": conditions,
     }
+
+
+_HEARTBEATS = frozenset({"lastSync", "lastProbe"})
+
+
+def changed(old: Any, new: Any) -> bool:
+    """Whether a status differs in more than its heartbeat timestamps: writing only
+    then keeps the API server from a stream of no-op patches."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = (set(old) | set(new)) - _HEARTBEATS
+        return any(changed(old.get(k), new.get(k)) for k in keys)
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) != len(new) or any(changed(a, b) for a, b in zip(old, new))
+    return bool(old != new)
 
 
 def condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

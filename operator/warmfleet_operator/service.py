@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from warmfleet_daemon.contract import WarmSetSpec
 from warmfleet_operator import reconcile
 from warmfleet_operator.client import DaemonClient, DaemonError
 from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
+from warmfleet_operator.reconcile import ConfigMaps
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,12 @@ class Outcome:
 class Service:
     def __init__(self, daemons: DaemonClient) -> None:
         self.daemons = daemons
+        # One pass per set at a time (an edit, the resync timer, a node or ConfigMap
+        # change may all fire at once), and the newest generation seen per set.
+        self._locks: weakref.WeakValueDictionary[SetKey, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+        self._newest: dict[SetKey, tuple[str | None, int]] = {}
 
     async def reconcile(
         self,
@@ -38,17 +46,51 @@ class Service:
         spec: Mapping[str, Any],
         generation: int,
         nodes: Iterable[Node],
-        configmaps: reconcile.ConfigMaps,
+        configmaps: ConfigMaps,
         status: Mapping[str, Any] | None,
         holders: Iterable[str] = (),
-    ) -> Outcome:
-        """Bring every selected node in line with the set; return its new status.
+        uid: str | None = None,
+    ) -> Outcome | None:
+        """Bring every selected node in line with the set; return its new status, or
+        None when a newer generation of the same object was reconciled meanwhile (this
+        body is stale: writing its status would move observedGeneration backwards).
         `holders` are nodes known to hold the set (from their probes)."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            newest_uid, newest = self._newest.get(key, (None, -1))
+            if uid == newest_uid and generation < newest:
+                return None
+            self._newest[key] = (uid, generation)
+            return await self._reconcile(
+                key,
+                spec=spec,
+                generation=generation,
+                nodes=nodes,
+                configmaps=configmaps,
+                status=status,
+                holders=holders,
+                uid=uid,
+            )
+
+    async def _reconcile(
+        self,
+        key: SetKey,
+        *,
+        spec: Mapping[str, Any],
+        generation: int,
+        nodes: Iterable[Node],
+        configmaps: ConfigMaps,
+        status: Mapping[str, Any] | None,
+        holders: Iterable[str],
+        uid: str | None,
+    ) -> Outcome:
         nodes = list(nodes)
         previous = status or {}
         try:
             desired: WarmSetSpec | None = reconcile.resolve(
-                spec, key.namespace, generation, configmaps
+                spec, key.namespace, generation, configmaps, uid
             )
             invalid = None
         except InvalidSpec as exc:
@@ -84,6 +126,7 @@ class Service:
 
     async def remove_everywhere(self, key: SetKey, nodes: Iterable[Node]) -> list[str]:
         """Delete the set from these nodes; returns the ones that could not be reached."""
+        self._newest.pop(key, None)
         failed = await self._remove(key, [Remove(n) for n in nodes])
         return failed
 
@@ -97,7 +140,7 @@ class Service:
                 "reachable": False,
                 "lastProbe": stamp,
                 "error": exc.message,
-                "conditions": [_reachable_condition(False, exc.message, stamp)],
+                "conditions": [_reachable_condition(False, exc.message)],
             }
         cache = status.get("cache") or {}
         rate = float(cache.get("hit_rate") or 0.0)
@@ -112,7 +155,7 @@ class Service:
             "hitRate": round(rate, 4),
             "hitRatePercent": f"{rate * 100:.1f}%",
             "warmSets": sets,
-            "conditions": [_reachable_condition(True, "the daemon answered", stamp)],
+            "conditions": [_reachable_condition(True, "the daemon answered")],
         }
 
     async def _observe(self, key: SetKey, node: Node) -> Observation:
@@ -150,11 +193,11 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _reachable_condition(ok: bool, message: str, stamp: str) -> dict[str, Any]:
+def _reachable_condition(ok: bool, message: str) -> dict[str, Any]:
+    # lastProbe carries the heartbeat; this condition changes only with reachability.
     return {
         "type": "Reachable",
         "status": "True" if ok else "False",
         "reason": "Answered" if ok else "Unreachable",
         "message": message[:1024],
-        "lastTransitionTime": stamp,
     }

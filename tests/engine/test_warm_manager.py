@@ -186,6 +186,17 @@ def test_stale_generation_is_a_conflict(warm) -> None:
     assert err.value.status == 409
 
 
+def test_generations_are_ordered_within_one_uid_only(warm) -> None:
+    prompts = [{"name": "a", "messages": [SYSTEM]}]
+    warm.apply("team", "s", WarmSetSpec(generation=5, uid="old", prompts=prompts))
+    with pytest.raises(WarmSetError) as err:  # same content, older: still refused
+        warm.apply("team", "s", WarmSetSpec(generation=4, uid="old", prompts=prompts))
+    assert err.value.status == 409 and warm.get("team", "s").generation == 5
+    # The object was deleted and created again while this node was away.
+    status = warm.apply("team", "s", WarmSetSpec(generation=1, uid="new", prompts=[]))
+    assert (status.uid, status.generation, status.total) == ("new", 1, 0)
+
+
 def test_progress_and_summary_are_logged(warm, caplog) -> None:
     caplog.set_level(logging.INFO, logger="warmfleet_daemon.warming")
     other = {"role": "system", "content": "You answer HR questions. " * 8}

@@ -7,6 +7,7 @@ import pytest
 from warmfleet_daemon.contract import PromptState, WarmPromptStatus, WarmSetSpec, WarmSetStatus
 from warmfleet_operator.model import InvalidSpec, Node, Observation, SetKey
 from warmfleet_operator.reconcile import (
+    changed,
     describe,
     matches,
     plan,
@@ -128,6 +129,7 @@ def warm_status(spec: WarmSetSpec, states: list[PromptState]) -> WarmSetStatus:
         namespace="ns",
         name="s",
         generation=spec.generation,
+        uid=spec.uid,
         source_hash=spec.source_hash,
         content_hash="c",
         concurrency=2,
@@ -155,6 +157,19 @@ def test_plan_pushes_only_where_missing_or_stale_and_removes_unselected_holders(
     down = {"a": Observation("a", False, None, "connection refused")}
     assert plan(desired, [a], down, holders=[]) == ([], [])  # retried at the next resync
     assert "pushed to a, b; removed from c" in describe(SetKey("ns", "s"), pushes, removes)
+
+
+def test_plan_orders_generations_within_one_object_only() -> None:
+    a, _, _ = nodes()
+    v2 = resolve(SPEC, "ns", 2, {}, uid="u1")
+    newer = {"a": Observation("a", True, warm_status(resolve(SPEC, "ns", 3, {}, uid="u1"), []))}
+    assert plan(v2, [a], newer, holders=[]) == ([], [])  # a stale body: leave the node be
+    recreated = resolve(SPEC, "ns", 1, {}, uid="u2")  # deleted and created again
+    assert [p.node.name for p in plan(recreated, [a], newer, holders=[])[0]] == ["a"]
+    same_generation = {"a": Observation("a", True, warm_status(v2, []))}
+    edited_configmap = v2.model_copy(update={"source_hash": "other"})
+    assert plan(v2, [a], same_generation, holders=[]) == ([], [])
+    assert len(plan(edited_configmap, [a], same_generation, holders=[])[0]) == 1
 
 
 def test_status_conditions() -> None:
@@ -248,3 +263,39 @@ def test_status_for_invalid_specs_and_empty_selections() -> None:
         now=NOW,
     )
     assert {c["type"]: c["reason"] for c in empty["conditions"]}["Ready"] == "NoNodes"
+
+
+def test_heartbeats_alone_are_not_a_change() -> None:
+    desired = resolve(SPEC, "ns", 1, {})
+    a, b, _ = nodes()
+    obs = {n: Observation(n, True, warm_status(desired, [PromptState.WARM])) for n in "ab"}
+    first = set_status(
+        generation=1,
+        selected=[a, b],
+        observations=obs,
+        desired=desired,
+        invalid=None,
+        previous=[],
+        now=NOW,
+    )
+    again = set_status(
+        generation=1,
+        selected=[a, b],
+        observations=obs,
+        desired=desired,
+        invalid=None,
+        previous=first["conditions"],
+        now=LATER,
+    )
+    assert first != again and not changed(first, again)  # only lastSync moved
+    obs["b"] = Observation("b", False, None, "down")
+    later = set_status(
+        generation=1,
+        selected=[a, b],
+        observations=obs,
+        desired=desired,
+        invalid=None,
+        previous=first["conditions"],
+        now=LATER,
+    )
+    assert changed(first, later)

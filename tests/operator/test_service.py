@@ -1,0 +1,143 @@
+"""Service: one pass per set at a time, the newest generation wins; the handlers'
+coalescing of WarmNode bursts; and the API emulator the operator tests rely on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+import pytest_asyncio
+
+from kubeemu import RESOURCES, Emulator
+from warmfleet_operator.client import DaemonClient
+from warmfleet_operator.handlers import Coalesced
+from warmfleet_operator.model import Node, SecretRef, SetKey
+from warmfleet_operator.service import Service
+
+SPEC = {"prompts": [{"name": "p", "messages": [{"role": "system", "content": "hi"}]}]}
+KEY = SetKey("ns", "s")
+pytestmark = pytest.mark.asyncio
+
+
+class NoTokens:
+    async def token(self, ref: SecretRef) -> str | None:
+        return None
+
+
+class SlowDaemon:
+    """A daemon's warm-set API in memory with the daemon's ordering rule; each PUT
+    takes a while so passes overlap."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Any] | None = None
+        self.puts: list[int] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=self.held) if self.held else httpx.Response(404)
+        spec = json.loads(request.content)
+        held = self.held
+        if held and held["uid"] == spec["uid"] and spec["generation"] < held["generation"]:
+            return httpx.Response(409, json={"detail": "older"})
+        await asyncio.sleep(0.05)
+        self.puts.append(spec["generation"])
+        self.held = {
+            "namespace": "ns",
+            "name": "s",
+            "generation": spec["generation"],
+            "uid": spec["uid"],
+            "source_hash": spec["source_hash"],
+            "content_hash": "c",
+            "concurrency": 2,
+            "pin": True,
+            "prompts": [],
+            "warm": 0,
+            "total": 0,
+            "updated_at": 0.0,
+        }
+        return httpx.Response(202, json=self.held)
+
+
+async def test_concurrent_passes_push_once_and_a_stale_body_changes_nothing() -> None:
+    daemon = SlowDaemon()
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))
+    service = Service(client)
+    node = Node("a", "http://a", {})
+
+    async def reconcile(generation: int) -> Any:
+        return await service.reconcile(
+            KEY,
+            spec=SPEC,
+            generation=generation,
+            uid="u1",
+            nodes=[node],
+            configmaps={},
+            status=None,
+        )
+
+    # An edit's handler, the resync timer and a re-target pass, all at once.
+    outcomes = await asyncio.gather(reconcile(2), reconcile(2), reconcile(2))
+    assert daemon.puts == [2]  # the later passes found the node in sync
+    assert [o.status["observedGeneration"] for o in outcomes] == [2, 2, 2]
+    # A timer still holding the body from before the edit: no push, no status.
+    assert await reconcile(1) is None
+    assert daemon.puts == [2] and daemon.held is not None and daemon.held["generation"] == 2
+    await client.close()
+
+
+async def test_coalesced_runs_once_per_burst_and_again_if_triggered_while_running() -> None:
+    runs: list[int] = []
+    gate = asyncio.Event()
+
+    async def run() -> None:
+        runs.append(len(runs))
+        await gate.wait()
+
+    coalesced = Coalesced(0.01)
+    for _ in range(20):  # twenty WarmNodes created at once
+        coalesced.trigger(run)
+    await asyncio.sleep(0.05)
+    assert runs == [0]
+    coalesced.trigger(run)  # a change that the running pass may have missed
+    gate.set()
+    await asyncio.sleep(0.05)
+    assert runs == [0, 1]
+    await coalesced.close()
+
+
+@pytest_asyncio.fixture
+async def emulator() -> Any:
+    async with Emulator() as emu, kmock.Server(emu):
+        emu.resources.update(RESOURCES)
+        async with httpx.AsyncClient(base_url=str(emu.url).rstrip("/")) as api:
+            yield api
+
+
+async def test_emulator_versions_like_kube_apiserver(emulator: httpx.AsyncClient) -> None:
+    path = "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets"
+    body = {"apiVersion": "warmfleet.io/v1alpha1", "kind": "WarmPromptSet"}
+    created = (await emulator.post(path, json={**body, "metadata": {"name": "a"}})).json()
+    meta = created["metadata"]
+    assert meta["generation"] == 1 and meta["uid"] and meta["resourceVersion"]
+
+    merge = {"Content-Type": "application/merge-patch+json"}
+    spec = (await emulator.patch(f"{path}/a", json={"spec": {"x": 1}}, headers=merge)).json()
+    assert spec["metadata"]["generation"] == 2
+    assert spec["metadata"]["resourceVersion"] != meta["resourceVersion"]
+    status = await emulator.patch(f"{path}/a/status", json={"status": {"y": 1}}, headers=merge)
+    assert status.json()["metadata"]["generation"] == 2  # status does not bump it
+
+    # kopf's optimistic JSON patch with a stale resourceVersion: 422, nothing applied.
+    stale = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["x"]},
+    ]
+    r = await emulator.patch(
+        f"{path}/a", json=stale, headers={"Content-Type": "application/json-patch+json"}
+    )
+    assert r.status_code == 422 and r.json()["kind"] == "Status"
+    assert "finalizers" not in (await emulator.get(f"{path}/a")).json()["metadata"]
