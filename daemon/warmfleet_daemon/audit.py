@@ -182,9 +182,11 @@ def print_report(report: DivergenceReport, meta: dict[str, Any], console: Any) -
     console.print(summary)
 
     if report.first_divergence:
-        hist = Table(
-            title="First divergence (token where a prompt stops matching every earlier one)"
+        console.print(
+            "[bold]First divergence[/bold]: the token where a prompt stops matching every "
+            "earlier one"
         )
+        hist = Table()
         hist.add_column("token", justify="right")
         hist.add_column("prompts", justify="right")
         hist.add_column("share", justify="right")
@@ -193,7 +195,8 @@ def print_report(report: DivergenceReport, meta: dict[str, Any], console: Any) -
         console.print(hist)
 
     if report.points:
-        points = Table(title="Divergence points")
+        console.print("[bold]Divergence points[/bold]: what varies there")
+        points = Table()
         points.add_column("token", justify="right")
         points.add_column("what varies")
         points.add_column("prompts", justify="right")
@@ -255,13 +258,8 @@ def _entry(line: int, item: Any) -> ChatEntry | TextEntry:
         if "messages" not in item and "prompt" not in item and isinstance(item.get(key), dict):
             item = item[key]
     if "messages" in item:
-        try:
-            messages = _MESSAGES.validate_python(item["messages"])
-            tools = _TOOLS.validate_python(item.get("tools"))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"bad chat request: {where}: {first['msg']}") from exc
+        messages = _validated(_MESSAGES, item["messages"], "messages")
+        tools = _validated(_TOOLS, item.get("tools"), "tools")
         if not messages:
             raise ValueError("messages must not be empty")
         return ChatEntry(
@@ -275,6 +273,15 @@ def _entry(line: int, item: Any) -> ChatEntry | TextEntry:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return TextEntry(line, [int(t) for t in prompt])
     raise ValueError('expected "messages" (a chat request) or "prompt" (a rendered prompt)')
+
+
+def _validated(adapter: TypeAdapter[Any], value: Any, name: str) -> Any:
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in (name, *first["loc"]))
+        raise ValueError(f"bad chat request: {where}: {first['msg']}") from exc
 
 
 def _no_entries(path: str | Path, log: LoadedLog) -> str:

@@ -379,7 +379,8 @@ def _audit(args: argparse.Namespace) -> int:
         for item in meta["skipped_lines"]:
             print(f"{args.log}:{item['line']}: skipped: {item['error']}", file=sys.stderr)
     else:
-        print_report(result, meta, Console())
+        # As wide as the terminal; 120 columns into a file or pipe (rich's 80 is cramped).
+        print_report(result, meta, Console(width=None if sys.stdout.isatty() else 120))
     return 0
 
 

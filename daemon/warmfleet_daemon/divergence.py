@@ -475,10 +475,12 @@ def _from_line_start(tokens: tuple[int, ...], position: int, decode: Decode) -> 
 
 
 def _line_start(tokens: tuple[int, ...], position: int, decode: Decode) -> int:
-    """The token where the line containing `position` starts (within 48 tokens)."""
+    """The token holding the first character of the line that contains `position`
+    (looking back at most 48 tokens)."""
     for k in range(position, max(0, position - 48), -1):
-        if "\n" in decode(tokens[k - 1 : k]):
-            return k
+        piece = decode(tokens[k - 1 : k])
+        if "\n" in piece:  # a token may hold the newline and the line's first characters
+            return k if piece.endswith("\n") else k - 1
     return position
 
 

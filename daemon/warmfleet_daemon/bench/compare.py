@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 
@@ -69,16 +70,23 @@ def compare(a_rows: Sequence[dict[str, Any]], b_rows: Sequence[dict[str, Any]]) 
 
 
 def comparison_table(rows: Sequence[Comparison], label_a: str, label_b: str) -> Table:
-    table = Table(title=f"TTFT {label_a} vs {label_b} (median)", title_justify="left")
-    for name in _headers(rows, label_a, label_b):
-        table.add_column(name, justify="left" if name in ("model", "prompts") else "right")
+    table = Table(
+        title=f"TTFT {label_a} vs {label_b}: medians in ms; output tokens/s; cached share",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+    )
+    for name in _headers(rows, label_a, label_b, units=False):
+        table.add_column(
+            name, justify="left" if name in ("model", "prompts") else "right", no_wrap=True
+        )
     for row in rows:
         table.add_row(*_cells(row, with_prompts=_several_sets(rows)))
     return table
 
 
 def markdown(rows: Sequence[Comparison], label_a: str, label_b: str) -> str:
-    headers = _headers(rows, label_a, label_b)
+    headers = _headers(rows, label_a, label_b, units=True)
     lines = [
         "| " + " | ".join(headers) + " |",
         "|" + "|".join("---" if h in ("model", "prompts") else "---:" for h in headers) + "|",
@@ -126,14 +134,15 @@ def plot(rows: Sequence[Comparison], label_a: str, label_b: str, path: str | Pat
     return out
 
 
-def _headers(rows: Sequence[Comparison], label_a: str, label_b: str) -> list[str]:
+def _headers(rows: Sequence[Comparison], label_a: str, label_b: str, *, units: bool) -> list[str]:
     headers = ["model"]
     if _several_sets(rows):
         headers.append("prompts")
+    ms = " (ms)" if units else ""
     headers += [
         "concurrency",
-        f"TTFT {label_a} (ms)",
-        f"TTFT {label_b} (ms)",
+        f"TTFT {label_a}{ms}",
+        f"TTFT {label_b}{ms}",
         "speed-up",
         f"tok/s {label_a}",
         f"tok/s {label_b}",

@@ -132,6 +132,7 @@ def results_table(bench: BenchRun) -> Table:
         "served from the cache; server hits: the server's own hit counters over the cell",
         caption_justify="left",
         box=box.SIMPLE_HEAD,
+        show_edge=False,
     )
     for name in (
         "prompts",
@@ -145,7 +146,7 @@ def results_table(bench: BenchRun) -> Table:
         "out tok/s",
         "server hits",
     ):
-        table.add_column(name, justify="left" if name == "prompts" else "right")
+        table.add_column(name, justify="left" if name == "prompts" else "right", no_wrap=True)
     for row in bench.rows:
         table.add_row(
             str(row["prompt_set"]),
@@ -163,10 +164,10 @@ def results_table(bench: BenchRun) -> Table:
 
 
 def console(stderr: bool = False) -> Console:
-    """A console as wide as the terminal, or 120 columns when writing to a file or pipe
-    (rich's 80 would truncate the table)."""
+    """A console as wide as the terminal, or 160 columns when writing to a file or pipe
+    (rich's 80 would truncate the tables)."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 120)
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
 
 
 def print_errors(bench: BenchRun, console: Console) -> None:
