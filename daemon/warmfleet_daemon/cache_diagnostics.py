@@ -99,18 +99,22 @@ class CacheDiagnostics:
             return report
 
     def summary(self) -> dict[str, Any]:
-        """For /v1/status: counts and where misses diverge, without any prompt text
-        (the status route is not an admin route; the text is on /v1/cache/diagnostics)."""
+        """For /v1/status: counts (current) and where misses diverge (from a report at
+        most 30 s old), without any prompt text: the status route is not an admin
+        route; the text is on /v1/cache/diagnostics."""
+        with self._lock:
+            requests = len(self._window)
+            misses = sum(s.missed for s in self._window)
         report = self.report(max_age_s=_STATUS_MAX_AGE_S)
-        window = report["window"]
         return {
-            "requests": window["requests"],
-            "misses": window["misses"],
+            "requests": requests,
+            "misses": misses,
             "divergences": [
                 {"token": p["position"], "kind": p["kind"], "requests": p["requests"]}
                 for p in report["points"]
                 if p["kind"] != "new prompt"
             ][:3],
+            "divergences_as_of": report["computed_at"],
             "details": "/v1/cache/diagnostics",
         }
 
