@@ -195,7 +195,13 @@ def print_report(report: DivergenceReport, meta: dict[str, Any], console: Any) -
         console.print(hist)
 
     if report.points:
-        console.print("[bold]Divergence points[/bold]: what varies there")
+        diverging = sum(n for _, n in report.first_divergence)
+        sampled = (
+            f" (counts estimated from {report.diffed} of {diverging} diverging prompts)"
+            if report.diffed < diverging
+            else ""
+        )
+        console.print(f"[bold]Divergence points[/bold]: what varies there{sampled}")
         points = Table()
         points.add_column("token", justify="right")
         points.add_column("what varies")

@@ -144,7 +144,7 @@ class DivergenceReport:
     matched: int  # analyzed prompts whose whole prefix matched an earlier prompt
     continuations: int  # ... that extend an earlier prompt (the next turn of a chat)
     new_prompts: int  # ... that diverge into new content (benign)
-    diffed: int  # diverging prompts diffed for the points (all, up to max_diffs)
+    diffed: int  # diverging prompts diffed (all, or a sample of max_diffs: counts scaled)
     points: tuple[DivergencePoint, ...]
     findings: tuple[Finding, ...] = field(default=())
 
@@ -243,8 +243,8 @@ def analyze(
         if found and found[0].kind is Kind.NEW_PROMPT:
             new_prompts += 1
         observations.extend(found)
-    if chosen:  # what the sample says, for every diverging prompt
-        new_prompts = round(new_prompts * len(diverging) / len(chosen))
+    scale = len(diverging) / len(chosen) if chosen else 1.0  # sampled: scale counts up
+    new_prompts = round(new_prompts * scale)
 
     common_prefix, common_count = prefixes.most_common(1)[0] if prefixes else ((), 0)
     report = DivergenceReport(
@@ -265,7 +265,7 @@ def analyze(
         continuations=continuations,
         new_prompts=new_prompts,
         diffed=len(chosen),
-        points=tuple(_points(observations, max_points)),
+        points=tuple(_points(observations, max_points, scale)),
     )
     return _with_findings(report)
 
@@ -496,7 +496,9 @@ def _one_line(text: str) -> str:
 # -- aggregation ---------------------------------------------------------------------
 
 
-def _points(observations: list[_Observation], limit: int) -> list[DivergencePoint]:
+def _points(
+    observations: list[_Observation], limit: int, scale: float = 1.0
+) -> list[DivergencePoint]:
     groups: dict[tuple[int, Kind], list[_Observation]] = {}
     for obs in observations:
         # Reordering is one problem however many blocks move: one point, where it starts.
@@ -523,8 +525,8 @@ def _points(observations: list[_Observation], limit: int) -> list[DivergencePoin
             DivergencePoint(
                 position=position,
                 kind=kind,
-                requests=len(group),
-                first=sum(o.first for o in group),
+                requests=round(len(group) * scale),
+                first=round(sum(o.first for o in group) * scale),
                 reference=reference,
                 variants=tuple(variants[:_SAMPLES]),
                 before=example.before,

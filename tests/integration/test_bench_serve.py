@@ -80,6 +80,8 @@ def test_cold_then_warm_then_compare(daemon_factory: Callable[..., Daemon], tmp_
     assert all(float(r["server_hit_rate"]) == 0.0 for r in cold_first)
     assert all(r["cached_token_share"] > 0.8 for r in warm_first)
     assert all(r["server_hit_rate"] == r["cached_token_share"] for r in warm_first)
+    first_cell = document["server_counters"][0]
+    assert first_cell["after"]["queried_tokens"] > first_cell["before"]["queried_tokens"]
     finishes = {r["finish_reason"] for r in document["requests"]}
     assert finishes <= {"length", "stop"} and all(r["error"] is None for r in document["requests"])
 

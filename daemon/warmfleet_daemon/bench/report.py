@@ -44,7 +44,8 @@ _TEXT_FIELDS = frozenset(
 
 
 class RichProgress:
-    """The bench-serve progress bar: one bar per cell, on stderr."""
+    """The bench-serve progress bar: one bar per cell, on the given (stderr) console.
+    The live display starts with the first cell, so an early error prints cleanly."""
 
     def __init__(self, console: Console) -> None:
         self._progress = Progress(
@@ -53,19 +54,22 @@ class RichProgress:
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=console,
-            transient=False,
         )
-        self._task: Any = None
         self._console = console
+        self._task: Any = None
+        self._started = False
 
     def __enter__(self) -> RichProgress:
-        self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if self._started:
+            self._progress.stop()
 
     def cell(self, label: str, total: int) -> None:
+        if not self._started:
+            self._progress.start()
+            self._started = True
         self._task = self._progress.add_task(label, total=total)
 
     def advance(self) -> None:
@@ -73,7 +77,7 @@ class RichProgress:
             self._progress.advance(self._task)
 
     def note(self, text: str) -> None:
-        self._progress.console.print(text, style="dim", markup=False, highlight=False)
+        self._console.print(text, style="dim", markup=False, highlight=False)
 
 
 def render_rows(bench: BenchRun, fmt: str) -> str:
@@ -99,6 +103,7 @@ def render_rows(bench: BenchRun, fmt: str) -> str:
                 "max_tokens": bench.options.max_tokens,
             },
             "rows": bench.rows,
+            "server_counters": bench.counters,
             "requests": [
                 {
                     "prompt_set": r.prompt_set,

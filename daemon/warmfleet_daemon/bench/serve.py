@@ -145,6 +145,8 @@ class BenchRun:
     started_at: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     results: list[RequestResult] = field(default_factory=list)
+    # The server's counters before and after each cell repetition, as read.
+    counters: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def errors(self) -> int:
@@ -202,6 +204,15 @@ async def run_async(options: BenchOptions, progress: Progress) -> BenchRun:
                     )
                     duration += time.perf_counter() - started
                     after = await _counters(client, server.counters)
+                    bench.counters.append(
+                        {
+                            "prompt_set": prompt_set.name,
+                            "concurrency": concurrency,
+                            "repetition": repetition,
+                            "before": None if before is None else vars(before),
+                            "after": None if after is None else vars(after),
+                        }
+                    )
                     if before is None or after is None:
                         counted = False
                     else:
@@ -227,18 +238,18 @@ async def _probe(client: httpx.AsyncClient, url: str, options: BenchOptions) -> 
     except httpx.HTTPError as exc:
         raise BenchError(f"cannot reach {url}: {_describe(exc)}. Is the server running?") from exc
     ids: list[str] = []
+    listing = f"answered HTTP {response.status_code}"
     if response.status_code == 200:
         try:
             ids = [str(m["id"]) for m in response.json().get("data", [])]
+            listing = f"lists {len(ids)} models" + (f" ({', '.join(ids)})" if ids else "")
         except (ValueError, KeyError, TypeError, AttributeError):
-            ids = []
+            listing = "gave no model list"
     model = options.model
     if model is None:
         if len(ids) != 1:
-            listed = f" ({', '.join(ids)})" if ids else ""
             raise BenchError(
-                f"GET {url}/v1/models lists {len(ids)} models{listed}: pass --model to "
-                "choose the one to benchmark"
+                f"GET {url}/v1/models {listing}: pass --model to choose the model to benchmark"
             )
         model = ids[0]
     software = response.headers.get("server", "")
