@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon import __version__
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
@@ -53,6 +54,8 @@ async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
             "tokens_saved": cache.tokens_saved,
         },
         "warm_sets": [s.model_dump() for s in ready.warm.list()],
+        # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
+        "diagnostics": await run_in_threadpool(ready.diagnostics.summary),
     }
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
@@ -30,6 +31,7 @@ class Ready:
     model_ids: frozenset[str]
     warm: WarmManager
     telemetry: Telemetry
+    diagnostics: CacheDiagnostics
 
     @property
     def model(self) -> LoadedModel:
@@ -94,8 +96,10 @@ class DaemonState:
         )
         telemetry.observe_engine(engine)
         telemetry.observe_warm_sets(warm)
+        diagnostics = CacheDiagnostics(prompts.decode)
+        engine.observers.append(diagnostics.observe)
         warm.start()
-        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry)
+        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry, diagnostics)
         warm.restore()
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
