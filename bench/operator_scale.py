@@ -155,17 +155,18 @@ async def main(args: argparse.Namespace) -> None:
             meter = Meter(operator.pid, emulator, fleet)
             try:
                 start = meter.read()
-                await wait_all(k8s, fleet, args.nodes, dict.fromkeys(names, 1))
+                await wait_all(k8s, fleet, args.nodes, dict.fromkeys(names, 1), operator)
                 initial = meter.since(start)
                 rss_start = rss_mib(operator.pid)
 
                 before = meter.read()
-                await wait_all(k8s, fleet, args.nodes, {names[0]: await edit(k8s, 0, "v2")})
+                first = {names[0]: await edit(k8s, 0, "v2")}
+                await wait_all(k8s, fleet, args.nodes, first, operator)
                 one = meter.since(before)
 
                 before = meter.read()
                 edited = {name: await edit(k8s, s, "v3") for s, name in enumerate(names)}
-                await wait_all(k8s, fleet, args.nodes, edited)
+                await wait_all(k8s, fleet, args.nodes, edited, operator)
                 bulk = meter.since(before)
 
                 before = meter.read()
@@ -224,10 +225,16 @@ async def edit(k8s: httpx.AsyncClient, index: int, version: str) -> int:
 
 
 async def wait_all(
-    k8s: httpx.AsyncClient, fleet: FakeFleet, nodes: int, generations: dict[str, int]
+    k8s: httpx.AsyncClient,
+    fleet: FakeFleet,
+    nodes: int,
+    generations: dict[str, int],
+    operator: asyncio.subprocess.Process,
 ) -> None:
     """Until these sets are on every node at these generations and report Ready."""
     while True:
+        if operator.returncode is not None:
+            raise SystemExit(f"the operator exited ({operator.returncode}); see its log")
         items = (await k8s.get(f"{API}/warmpromptsets")).json()["items"]
         done = 0
         for obj in items:
