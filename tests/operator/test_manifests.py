@@ -170,6 +170,7 @@ async def test_kubectl_applies_the_crds_and_examples_client_side(tmp_path: Path)
         assert f"{crd} created (dry run)" in out
         assert "warmpromptset.warmfleet.io/agents created (dry run)" in out
         assert "warmnode.warmfleet.io/mac-mini-1 created (dry run)" in out
+        assert "namespace/warmfleet created (dry run)" in out  # the token Secret's
         typo = tmp_path / "typo.yaml"
         typo.write_text(
             "apiVersion: warmfleet.io/v1alpha1\nkind: WarmPromptSett\nmetadata: {name: x}\n"
