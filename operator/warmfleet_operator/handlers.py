@@ -34,7 +34,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         default_namespace=os.environ.get("WARMFLEET_OPERATOR_NAMESPACE", "default")
     )
     memo.daemons = DaemonClient(memo.kube)
-    memo.service = Service(memo.daemons)
+    # A resync may read what nodes hold from their last two probes.
+    memo.service = Service(memo.daemons, snapshot_max_age=2 * PROBE_SECONDS)
     memo.retarget = Coalesced(RETARGET_DELAY)
 
 
@@ -117,9 +118,10 @@ async def resync_set(
     **_: Any,
 ) -> None:
     """Drift repair: a restarted daemon lost its sets, warm-ups progressed, a push
-    failed earlier. Idempotent: in-sync nodes only get a GET."""
+    failed earlier. Idempotent, and in-sync nodes are not even asked: their probes
+    already said what they hold."""
     key = SetKey(namespace or "", name)
-    status = await _reconcile(memo, key, body, warmnodes, configmaps, logger)
+    status = await _reconcile(memo, key, body, warmnodes, configmaps, logger, fresh=False)
     if status is not None:
         patch.status.update(status)
 
@@ -258,6 +260,8 @@ async def _reconcile(
     warmnodes: kopf.Index[str, Any],
     configmaps: kopf.Index[tuple[str, str], Any],
     logger: Logger,
+    *,
+    fresh: bool = True,
 ) -> dict[str, Any] | None:
     """The status to write, or None when there is nothing new to write: it differs
     only in heartbeats, or a newer generation was reconciled meanwhile."""
@@ -275,6 +279,7 @@ async def _reconcile(
         configmaps=maps,
         status=status,
         holders=holders,
+        fresh=fresh,
     )
     if outcome is None:
         return None

@@ -98,7 +98,7 @@ async def run_local(
     """Reconcile the folder until `stop` (or once). Returns the last statuses."""
     tokens = FolderTokens()
     daemons = DaemonClient(tokens)
-    service = Service(daemons)
+    service = Service(daemons, snapshot_max_age=resync)  # each pass probes first
     statuses: dict[str, Any] = {"warmNodes": {}, "warmPromptSets": {}}
     previous_sets: set[SetKey] = set()
     stop = stop or asyncio.Event()
@@ -145,6 +145,7 @@ async def _pass(
             configmaps=folder.configmaps,
             status=old,
             holders=holders,
+            fresh=False,  # the probes just above said what every node holds
         )
         if outcome is None:  # an older file than the one last applied: keep that
             set_statuses[str(key)] = old

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmfleet_daemon.contract import WarmSetSpec
+from pydantic import ValidationError
+
+from warmfleet_daemon.contract import WarmSetSpec, WarmSetStatus
 from warmfleet_operator import reconcile
 from warmfleet_operator.client import DaemonClient, DaemonError
 from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
@@ -30,8 +33,11 @@ class Outcome:
 
 
 class Service:
-    def __init__(self, daemons: DaemonClient) -> None:
+    def __init__(self, daemons: DaemonClient, *, snapshot_max_age: float = 0.0) -> None:
+        """`snapshot_max_age`: how old a node's probe may be for a resync pass to read
+        the sets it holds from it instead of asking the node again (0: always ask)."""
         self.daemons = daemons
+        self.held = HeldSets(snapshot_max_age)
         # One pass per set at a time (an edit, the resync timer, a node or ConfigMap
         # change may all fire at once), and the newest generation seen per set.
         self._locks: weakref.WeakValueDictionary[SetKey, asyncio.Lock] = (
@@ -50,11 +56,13 @@ class Service:
         status: Mapping[str, Any] | None,
         holders: Iterable[str] = (),
         uid: str | None = None,
+        fresh: bool = True,
     ) -> Outcome | None:
         """Bring every selected node in line with the set; return its new status, or
         None when a newer generation of the same object was reconciled meanwhile (this
         body is stale: writing its status would move observedGeneration backwards).
-        `holders` are nodes known to hold the set (from their probes)."""
+        `holders` are nodes known to hold the set (from their probes). `fresh=False`
+        (drift repair) lets nodes' recent probes stand in for asking each one."""
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
@@ -72,6 +80,7 @@ class Service:
                 status=status,
                 holders=holders,
                 uid=uid,
+                fresh=fresh,
             )
 
     async def _reconcile(
@@ -85,6 +94,7 @@ class Service:
         status: Mapping[str, Any] | None,
         holders: Iterable[str],
         uid: str | None,
+        fresh: bool,
     ) -> Outcome:
         nodes = list(nodes)
         previous = status or {}
@@ -96,7 +106,7 @@ class Service:
         except InvalidSpec as exc:
             desired, invalid = None, exc
         selected = reconcile.select_nodes(spec.get("nodeSelector"), nodes, spec.get("model"))
-        observations = await self.observe(key, selected)
+        observations = await self.observe(key, selected, fresh=fresh)
         pushes: list[Push] = []
         removes: list[Remove] = []
         if desired is not None:
@@ -120,8 +130,10 @@ class Service:
             new_status, pushes, removes, invalid, reconcile.describe(key, pushes, removes)
         )
 
-    async def observe(self, key: SetKey, nodes: Sequence[Node]) -> dict[str, Observation]:
-        results = await asyncio.gather(*(self._observe(key, n) for n in nodes))
+    async def observe(
+        self, key: SetKey, nodes: Sequence[Node], *, fresh: bool = True
+    ) -> dict[str, Observation]:
+        results = await asyncio.gather(*(self._observe(key, n, fresh) for n in nodes))
         return {n.name: r for n, r in zip(nodes, results)}
 
     async def remove_everywhere(self, key: SetKey, nodes: Iterable[Node]) -> list[str]:
@@ -136,6 +148,7 @@ class Service:
         try:
             status = await self.daemons.status(node)
         except DaemonError as exc:
+            self.held.forget(node)
             return {
                 "reachable": False,
                 "lastProbe": stamp,
@@ -145,6 +158,7 @@ class Service:
         cache = status.get("cache") or {}
         rate = float(cache.get("hit_rate") or 0.0)
         sets = sorted(f"{s['namespace']}/{s['name']}" for s in status.get("warm_sets") or [])
+        self.held.record(node, status.get("warm_sets") or [])
         return {
             "reachable": True,
             "lastProbe": stamp,
@@ -158,16 +172,23 @@ class Service:
             "conditions": [_reachable_condition(True, "the daemon answered")],
         }
 
-    async def _observe(self, key: SetKey, node: Node) -> Observation:
+    async def _observe(self, key: SetKey, node: Node, fresh: bool) -> Observation:
+        if not fresh:
+            known, held = self.held.lookup(node, key)
+            if known and (held is None or held.warm == held.total):
+                return Observation(node.name, True, held)  # settled: nothing to follow
         try:
-            return Observation(node.name, True, await self.daemons.get_warm_set(node, key))
+            held = await self.daemons.get_warm_set(node, key)
         except DaemonError as exc:
             return Observation(node.name, not exc.unreachable, None, exc.message)
+        self.held.update(node, key, held)
+        return Observation(node.name, True, held)
 
     async def _push(self, key: SetKey, pushes: Sequence[Push]) -> dict[str, Observation]:
         async def one(push: Push) -> Observation:
             try:
                 status = await self.daemons.put_warm_set(push.node, key, push.spec)
+                self.held.update(push.node, key, status)
                 return Observation(push.node.name, True, status)
             except DaemonError as exc:
                 log.warning("push of %s to %s failed: %s", key, push.node.name, exc.message)
@@ -180,6 +201,7 @@ class Service:
         async def one(remove: Remove) -> str | None:
             try:
                 await self.daemons.delete_warm_set(remove.node, key)
+                self.held.update(remove.node, key, None)
                 return None
             except DaemonError as exc:
                 log.warning("removing %s from %s failed: %s", key, remove.node.name, exc.message)
@@ -187,6 +209,43 @@ class Service:
 
         results = await asyncio.gather(*(one(r) for r in removes))
         return [name for name in results if name is not None]
+
+
+class HeldSets:
+    """What each node held at its last probe (`/v1/status` lists every warm set with
+    its generation and progress), kept current with our own pushes and deletes. Drift
+    repair reads it instead of one GET per set and node: nodes, not sets x nodes."""
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self._nodes: dict[str, tuple[float, dict[SetKey, WarmSetStatus]]] = {}
+
+    def record(self, node: Node, warm_sets: Iterable[Mapping[str, Any]]) -> None:
+        try:
+            parsed = [WarmSetStatus.model_validate(s) for s in warm_sets]
+        except ValidationError:  # a daemon of another version: ask it set by set
+            self.forget(node)
+            return
+        held = {SetKey(s.namespace, s.name): s for s in parsed}
+        self._nodes[node.url] = (time.monotonic(), held)
+
+    def lookup(self, node: Node, key: SetKey) -> tuple[bool, WarmSetStatus | None]:
+        """(known, status): known is False when there is no recent enough probe."""
+        taken, held = self._nodes.get(node.url, (0.0, {}))
+        if time.monotonic() - taken > self.max_age:
+            return False, None
+        return True, held.get(key)
+
+    def update(self, node: Node, key: SetKey, status: WarmSetStatus | None) -> None:
+        if node.url in self._nodes:
+            held = self._nodes[node.url][1]
+            if status is None:
+                held.pop(key, None)
+            else:
+                held[key] = status
+
+    def forget(self, node: Node) -> None:
+        self._nodes.pop(node.url, None)
 
 
 def now() -> str:

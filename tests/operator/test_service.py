@@ -35,8 +35,12 @@ class SlowDaemon:
     def __init__(self) -> None:
         self.held: dict[str, Any] | None = None
         self.puts: list[int] = []
+        self.requests: list[str] = []
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/v1/status":
+            return httpx.Response(200, json={"warm_sets": [self.held] if self.held else []})
         if request.method == "GET":
             return httpx.Response(200, json=self.held) if self.held else httpx.Response(404)
         spec = json.loads(request.content)
@@ -86,6 +90,30 @@ async def test_concurrent_passes_push_once_and_a_stale_body_changes_nothing() ->
     # A timer still holding the body from before the edit: no push, no status.
     assert await reconcile(1) is None
     assert daemon.puts == [2] and daemon.held is not None and daemon.held["generation"] == 2
+    await client.close()
+
+
+async def test_drift_repair_reads_the_probe_instead_of_asking_each_node() -> None:
+    daemon = SlowDaemon()
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))
+    service = Service(client, snapshot_max_age=60)
+    node = Node("a", "http://a", {})
+
+    async def resync() -> Any:
+        return await service.reconcile(
+            KEY, spec=SPEC, generation=1, uid="u", nodes=[node], configmaps={},
+            status=None, fresh=False,
+        )  # fmt: skip
+
+    await service.probe(node)
+    assert (await resync()).pushes  # the probe said the node lacks the set
+    daemon.requests.clear()
+    await service.probe(node)
+    assert not (await resync()).pushes
+    assert daemon.requests == ["GET /v1/status"]  # no GET of the set itself
+    daemon.held = None  # the daemon restarted without its state
+    await service.probe(node)
+    assert (await resync()).pushes and daemon.puts == [1, 1]
     await client.close()
 
 
