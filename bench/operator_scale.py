@@ -88,7 +88,7 @@ class FakeFleet:
     async def status(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         self.calls["GET status"] += 1
-        sets = [{"namespace": ns, "name": n} for (nd, ns, n) in self.sets if nd == node]
+        sets = [held for (nd, _, _), held in self.sets.items() if nd == node]
         cache = {"hit_rate": 0.7, "bytes": 1, "budget_bytes": 2}
         return web.json_response({"model": {"id": "fake"}, "cache": cache, "warm_sets": sets})
 
