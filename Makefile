@@ -3,11 +3,13 @@ VENV := .venv
 STAMP := $(VENV)/.warmfleet-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+WARM_PROMPTS ?= examples/daemon/warm-prompts.yaml
 
 .PHONY: run test setup lint bench clean
 
 run: $(STAMP)
-	$(VENV)/bin/warmfleet serve --model default --host $(HOST) --port $(PORT)
+	$(VENV)/bin/warmfleet serve --model default --host $(HOST) --port $(PORT) \
+		$(if $(WARM_PROMPTS),--warm-prompts $(WARM_PROMPTS))
 
 test: $(STAMP)
 	./scripts/setup.sh --test-tools

@@ -169,9 +169,10 @@ async def main(args: argparse.Namespace) -> None:
                 await wait_all(k8s, fleet, args.nodes, edited, operator)
                 bulk = meter.since(before)
 
-                before = meter.read()
+                before, kinds = meter.read(), fleet.calls.copy()
                 await asyncio.sleep(args.resync * 4)  # timers drift: average 4 periods
                 idle = meter.since(before)
+                idle_kinds = fleet.calls - kinds
                 rss_end = rss_mib(operator.pid)
             finally:
                 operator.terminate()
@@ -197,7 +198,8 @@ async def main(args: argparse.Namespace) -> None:
         f"{cpu * 60 / secs:7.1f}  ({cpu / secs * 100:.1f}% of a core)"
     )
     print(f"\noperator RSS: {rss_start:.0f} MiB after start-up, {rss_end:.0f} MiB at the end")
-    print(f"daemon requests by kind: {dict(fleet.calls)}")
+    per_minute = {kind: round(n * 60 / secs) for kind, n in sorted(idle_kinds.items())}
+    print(f"idle daemon requests per minute by kind: {per_minute}")
 
 
 def warm_set(index: int, version: str) -> dict[str, Any]:

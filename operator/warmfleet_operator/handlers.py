@@ -200,14 +200,19 @@ async def node_changed(
     logger: Logger,
     **_: Any,
 ) -> None:
-    """A node joined or changed pools: re-target every set, once per burst."""
+    """A node joined or changed pools: re-target every set, once per burst. Nodes
+    with a recent probe are not asked again (one label change would otherwise read
+    every set from every node); new nodes have none yet and are asked."""
 
     async def retarget() -> None:
         for wps in _values(warmpromptsets):
             meta = wps["metadata"]
             key = SetKey(meta["namespace"], meta["name"])
+            body = kopf.Body(wps)
             try:
-                status = await _reconcile(memo, key, kopf.Body(wps), warmnodes, configmaps, logger)
+                status = await _reconcile(
+                    memo, key, body, warmnodes, configmaps, logger, fresh=False
+                )
                 if status is not None:
                     await memo.kube.patch_set_status(key, status)
             except Exception:  # the resync timer tries again shortly
