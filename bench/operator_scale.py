@@ -109,7 +109,7 @@ class Meter:
 
     def read(self) -> tuple[float, int, int, float]:
         """(time, Kubernetes API requests, daemon requests, operator CPU seconds)."""
-        return time.perf_counter(), len(self.emulator), self.fleet.total(), cpu_seconds(self.pid)
+        return time.perf_counter(), self.emulator.served, self.fleet.total(), cpu_seconds(self.pid)
 
     def since(self, before: tuple[float, int, int, float]) -> tuple[float, int, int, float]:
         now = self.read()
@@ -169,8 +169,11 @@ async def main(args: argparse.Namespace) -> None:
                 await wait_all(k8s, fleet, args.nodes, edited, operator)
                 bulk = meter.since(before)
 
+                # Idle: after one probe period (every node's status lists its sets by
+                # then), over 4 periods (the timers drift).
+                await asyncio.sleep(args.resync)
                 before, kinds = meter.read(), fleet.calls.copy()
-                await asyncio.sleep(args.resync * 4)  # timers drift: average 4 periods
+                await asyncio.sleep(args.resync * 4)
                 idle = meter.since(before)
                 idle_kinds = fleet.calls - kinds
                 rss_end = rss_mib(operator.pid)

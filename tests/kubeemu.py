@@ -40,8 +40,15 @@ class Emulator(kmock.KubernetesEmulator):
     JSON-patch test; and the core group's discovery document the way kubectl expects it."""
 
     _versions = itertools.count(1)
+    served = 0  # requests answered, also when the log below is trimmed
+    # kmock logs every request and matches each new one against its reactions by scanning
+    # that whole log (O(n) per request); nothing here reads the log, so keep it short.
+    keep_requests: int | None = 10
 
     async def _handle(self, request: Any) -> Any:
+        self.served += 1
+        if self.keep_requests is not None and len(self._requests) > 2 * self.keep_requests:
+            del self._requests[: -self.keep_requests]
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if "name" not in meta and "generateName" in meta:
