@@ -99,10 +99,11 @@ class DaemonState:
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         warm.start()
-        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry, diagnostics)
         warm.restore()
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
+        # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
+        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry, diagnostics)
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
         try:

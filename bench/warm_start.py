@@ -1,0 +1,199 @@
+"""Warm start on the embedded SmolLM2-135M: a deploy's first request, side by side in one run.
+
+Each repetition starts, one after another on this machine, with a fresh ~1.5k-token
+system prompt (a nonce first, so nothing is shared between repetitions):
+
+  warm   `warmfleet serve --warm-prompts F` (F holds that system prompt): process start
+         to port open, to model loaded and to warm (the daemon's log lines for both),
+         the warm-up's own duration; then, once /readyz?warm=1, the first request's TTFT.
+  cold   `warmfleet serve` without warm prompts: the same first request's TTFT.
+  mlx    mlx_lm.server on the same float32 weights and OpenBLAS: the same first request.
+
+The first request is the system prompt plus a short user question, streamed, as a
+client sees it. Prints medians.
+
+    .venv/bin/python bench/warm_start.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from engine_vs_mlx_lm import QUESTIONS, VENV_BIN, free_port, openblas, stream, system_prompt
+
+PEER_WARM_UP_S = 12.0  # the best peer's start-up warm-up of 1.6k tokens on this machine
+WARM_UP_LINE = re.compile(r"Warm-up done \(strict-prefix\).*?(\d+) prompt tokens in ([\d.]+)s")
+MODEL_READY_LINE = re.compile(r"Model .* ready in")
+
+
+@dataclass
+class Started:
+    url: str
+    model: str
+    started_at: float  # process start, wall clock (the daemon's log lines carry it)
+    port_open_s: float  # process start -> the port answers
+    log: Path
+
+
+@dataclass
+class Figures:
+    port_open: list[float] = field(default_factory=list)
+    loaded: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)  # process start -> all warm
+    warm_up: list[float] = field(default_factory=list)  # the warm-up itself (its log line)
+    warm_tokens: list[int] = field(default_factory=list)
+    ttft_warm: list[float] = field(default_factory=list)
+    cached_warm: list[int | None] = field(default_factory=list)
+    ttft_cold: list[float] = field(default_factory=list)
+    ttft_mlx: list[float] = field(default_factory=list)
+
+
+@contextmanager
+def started(cmd: list[str], model: str, ready_path: str, env: dict[str, str]) -> Iterator[Started]:
+    """Start a server and time it: polls every 10 ms until the port answers, then every
+    0.5 s until `ready_path` says 200. Polling fast all along would slow what it
+    measures: 100 requests/s take enough CPU on 2 cores to slow a warm-up by half."""
+    port = int(cmd[cmd.index("--port") + 1])
+    url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkstemp(prefix="warm-start-", suffix=".log")[1])
+    with log.open("wb") as out:
+        t0, wall = time.perf_counter(), time.time()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        port_open = None
+        with httpx.Client(timeout=5) as client:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log.read_text()}")
+                try:
+                    status = client.get(f"{url}{ready_path}").status_code
+                    port_open = port_open or time.perf_counter() - t0
+                    if status == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.perf_counter() - t0 > 300:
+                    raise RuntimeError(f"{cmd[0]} did not come up: {log.read_text()}")
+                time.sleep(0.01 if port_open is None else 0.5)
+        assert port_open is not None
+        yield Started(url, model, wall, port_open, log)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.unlink(missing_ok=True)
+
+
+def logged_at(log: str, pattern: re.Pattern[str], since: float) -> tuple[re.Match[str], float]:
+    """The first log line matching `pattern` and its time in seconds after `since`."""
+    for line in log.splitlines():
+        found = pattern.search(line)
+        if found:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return found, stamp.timestamp() - since
+    raise AssertionError(f"no log line matches {pattern.pattern}:\n{log}")
+
+
+def warmfleet(port: int, *extra: str) -> list[str]:
+    return [str(VENV_BIN / "warmfleet"), "serve", "--model", "default", "--port", str(port), *extra]
+
+
+def measure(repeat: int, tokenizer: object, model_dir: str, tokens: int, f: Figures) -> None:
+    system = {"role": "system", "content": system_prompt(tokenizer, tokens, f"start-{repeat}")}
+    first = [system, {"role": "user", "content": QUESTIONS[repeat % len(QUESTIONS)]}]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as warm_file:
+        json.dump([{"name": "agent", "messages": [system]}], warm_file)
+    env = {**os.environ}
+
+    cmd = warmfleet(free_port(), "--warm-prompts", warm_file.name, "--log-level", "info")
+    with started(cmd, "default", "/readyz", env) as s:
+        while httpx.get(f"{s.url}/readyz", params={"warm": 1}).status_code != 200:
+            time.sleep(0.5)
+        log = s.log.read_text()
+        f.port_open.append(s.port_open_s)
+        f.loaded.append(logged_at(log, MODEL_READY_LINE, s.started_at)[1])
+        done, at = logged_at(log, WARM_UP_LINE, s.started_at)
+        f.warm.append(at)
+        f.warm_tokens.append(int(done.group(1)))
+        f.warm_up.append(float(done.group(2)))
+        result = stream(s.url, s.model, first, 8)
+        f.ttft_warm.append(result.ttft_s)
+        f.cached_warm.append(result.cached_tokens)
+    os.unlink(warm_file.name)
+
+    with started(warmfleet(free_port(), "--log-level", "warning"), "default", "/readyz", env) as s:
+        f.ttft_cold.append(stream(s.url, s.model, first, 8).ttft_s)
+
+    blas = openblas()
+    if blas:
+        env["LD_PRELOAD"] = blas  # the same BLAS as warmfleet loads itself
+    cmd = [str(VENV_BIN / "mlx_lm.server"), "--model", model_dir, "--port", str(free_port())]
+    with started([*cmd, "--log-level", "WARNING"], model_dir, "/health", env) as s:
+        f.ttft_mlx.append(stream(s.url, s.model, first, 8).ttft_s)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--system-tokens", type=int, default=1500)
+    ap.add_argument("--model-dir", default=None, help="converted model (default: a temp dir)")
+    args = ap.parse_args()
+
+    from warmfleet_daemon.models.loader import load_gguf_tokenizer_only
+
+    tokenizer = load_gguf_tokenizer_only()
+    model_dir = args.model_dir or str(Path(tempfile.gettempdir()) / "warmfleet-bench-smollm2")
+    if not Path(model_dir, "config.json").exists():
+        subprocess.run([str(VENV_BIN / "warmfleet"), "convert", "default", model_dir], check=True)
+
+    f = Figures()
+    for repeat in range(args.repeats):
+        print(f"repetition {repeat + 1}/{args.repeats} ...", flush=True)
+        measure(repeat, tokenizer, model_dir, args.system_tokens, f)
+
+    med = statistics.median
+    warm_up = med(f.warm_up)
+    print(f"\nwarm prompt: {med(f.warm_tokens):.0f} tokens; medians of {args.repeats} runs\n")
+    rows = [
+        ("process start -> port open", med(f.port_open), ""),
+        ("process start -> model loaded", med(f.loaded), ""),
+        ("process start -> prompt warm", med(f.warm), ""),
+        ("warm-up itself (its log line)", warm_up, f"<= {0.4 * PEER_WARM_UP_S:.1f} s"),
+        ("first request TTFT, warm daemon", med(f.ttft_warm), "<= 0.200 s"),
+        ("first request TTFT, daemon without warm-up", med(f.ttft_cold), ""),
+        ("first request TTFT, mlx_lm.server", med(f.ttft_mlx), ""),
+    ]
+    for name, value, target in rows:
+        print(f"{name:44} {value:8.3f} s  {target}")
+    opened_first = all(p < w for p, w in zip(f.port_open, f.warm))
+    print(
+        f"\nport open before warm-up ends: {'yes' if opened_first else 'NO'} in every run; "
+        f"warm-up {warm_up / PEER_WARM_UP_S:.2f}x the peer's {PEER_WARM_UP_S:.0f} s "
+        f"(target <= 0.4x); first request warm/cold {med(f.ttft_warm) / med(f.ttft_cold):.3f}x, "
+        f"warm/mlx_lm.server {med(f.ttft_warm) / med(f.ttft_mlx):.3f}x; "
+        f"cached tokens on it: {f.cached_warm}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
