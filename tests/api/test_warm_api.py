@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ from support import model
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
+from warmfleet_daemon.warming import WarmManager
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -143,3 +145,25 @@ def test_bad_pushes_are_rejected_and_change_nothing(client, path, body, status, 
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
     assert client.get("/v1/warm-sets", headers=AUTH).json()["sets"] == []
+
+
+def test_not_ready_before_the_warm_prompts_file_is_registered(tmp_path, monkeypatch) -> None:
+    """`/readyz?warm=1` must never be vacuously true between the model becoming ready
+    and the start-up file's prompts being registered."""
+    path = tmp_path / "agents.json"
+    path.write_text(json.dumps([[SYSTEM]]))
+    ready_when_applied: list[bool] = []
+    original = WarmManager.apply
+
+    def apply(self: WarmManager, *args: object, **kwargs: object) -> object:
+        ready_when_applied.append(app.state.daemon.ready is not None)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(WarmManager, "apply", apply)
+    engine = Engine(model("tiny-random"), EngineConfig(block_size=32, cache_budget_bytes=64 << 20))
+    app = create_app(DaemonSettings(model="tiny-random", warm_prompts=str(path)), engine=engine)
+    with TestClient(app) as client:
+        assert ready_when_applied == [False]
+        wait_ready(client)
+        sets = client.get("/v1/warm-sets").json()["sets"]
+        assert [(s["name"], s["warm"], s["total"]) for s in sets] == [("warm-prompts", 1, 1)]
