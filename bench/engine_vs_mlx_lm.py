@@ -287,22 +287,32 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def main() -> int:
+def arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options both side-by-side benchmarks take."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--system-tokens", type=int, default=1500)
     ap.add_argument("--model-dir", default=None, help="converted model (default: a temp dir)")
-    ap.add_argument("--json", default=None, help="also write the raw figures here")
-    args = ap.parse_args()
+    return ap
 
+
+def prepare(model_dir: str | None) -> tuple[object, str]:
+    """The embedded model's tokenizer, and the model converted for mlx_lm.server."""
     from warmfleet_daemon.models.loader import load_gguf_tokenizer_only
 
-    tokenizer = load_gguf_tokenizer_only()
-    model_dir = args.model_dir or str(Path(tempfile.gettempdir()) / "warmfleet-bench-smollm2")
+    model_dir = model_dir or str(Path(tempfile.gettempdir()) / "warmfleet-bench-smollm2")
     if not Path(model_dir, "config.json").exists():
         subprocess.run([str(VENV_BIN / "warmfleet"), "convert", "default", model_dir], check=True)
+    return load_gguf_tokenizer_only(), model_dir
+
+
+def main() -> int:
+    ap = arguments(__doc__)
+    ap.add_argument("--json", default=None, help="also write the raw figures here")
+    args = ap.parse_args()
+    tokenizer, model_dir = prepare(args.model_dir)
 
     figures: dict[str, Figures] = {}
     for kind in ("warmfleet", "mlx_lm.server"):

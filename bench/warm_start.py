@@ -17,7 +17,6 @@ client sees it. Prints medians.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -34,7 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from engine_vs_mlx_lm import QUESTIONS, VENV_BIN, free_port, openblas, stream, system_prompt
+from engine_vs_mlx_lm import (
+    QUESTIONS,
+    VENV_BIN,
+    arguments,
+    free_port,
+    openblas,
+    prepare,
+    stream,
+    system_prompt,
+)
 
 PEER_WARM_UP_S = 12.0  # the best peer's start-up warm-up of 1.6k tokens on this machine
 WARM_UP_LINE = re.compile(r"Warm-up done \(strict-prefix\).*?(\d+) prompt tokens in ([\d.]+)s")
@@ -150,20 +158,8 @@ def measure(repeat: int, tokenizer: object, model_dir: str, tokens: int, f: Figu
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--system-tokens", type=int, default=1500)
-    ap.add_argument("--model-dir", default=None, help="converted model (default: a temp dir)")
-    args = ap.parse_args()
-
-    from warmfleet_daemon.models.loader import load_gguf_tokenizer_only
-
-    tokenizer = load_gguf_tokenizer_only()
-    model_dir = args.model_dir or str(Path(tempfile.gettempdir()) / "warmfleet-bench-smollm2")
-    if not Path(model_dir, "config.json").exists():
-        subprocess.run([str(VENV_BIN / "warmfleet"), "convert", "default", model_dir], check=True)
+    args = arguments(__doc__).parse_args()
+    tokenizer, model_dir = prepare(args.model_dir)
 
     f = Figures()
     for repeat in range(args.repeats):
