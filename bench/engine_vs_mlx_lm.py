@@ -140,50 +140,72 @@ def openblas() -> str | None:
     return found[0] if found else None
 
 
+@dataclass
+class Started:
+    url: str
+    model: str
+    started_at: float  # process start, wall clock (the daemon's log lines carry it)
+    port_open_s: float  # process start -> the port answers
+    log: Path
+
+
 @contextmanager
-def server(kind: str, model_dir: str) -> Iterator[tuple[str, str]]:
-    port = free_port()
-    env = {**os.environ}
-    if kind == "warmfleet":
-        cmd = [str(VENV_BIN / "warmfleet"), "serve", "--model", "default", "--port", str(port)]
-        model = "default"
-    else:
-        cmd = [str(VENV_BIN / "mlx_lm.server"), "--model", model_dir, "--port", str(port)]
-        model = model_dir
-        if openblas():
-            env["LD_PRELOAD"] = openblas()  # same BLAS as warmfleet
-    cmd += ["--log-level", "warning" if kind == "warmfleet" else "WARNING"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def started(cmd: list[str], model: str, ready_path: str, env: dict[str, str]) -> Iterator[Started]:
+    """Start a server and time it: polls every 10 ms until the port answers, then every
+    0.5 s until `ready_path` says 200. Polling fast all along would slow what it
+    measures: 100 requests/s take enough CPU on 2 cores to slow a warm-up by half."""
+    port = int(cmd[cmd.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkstemp(prefix="bench-server-", suffix=".log")[1])
+    with log.open("wb") as out:
+        t0, wall = time.perf_counter(), time.time()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {proc.returncode}")
-            try:
-                r = httpx.post(
-                    f"{url}/v1/chat/completions",
-                    json={
-                        "model": model,
-                        "messages": [{"role": "user", "content": "hi"}],
-                        "max_tokens": 1,
-                    },
-                    timeout=60,
-                )
-                if r.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{kind} did not come up")
-            time.sleep(0.5)
-        yield url, model
+        port_open = None
+        with httpx.Client(timeout=5) as client:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log.read_text()}")
+                try:
+                    status = client.get(f"{url}{ready_path}").status_code
+                    port_open = port_open or time.perf_counter() - t0
+                    if status == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.perf_counter() - t0 > 300:
+                    raise RuntimeError(f"{cmd[0]} did not come up: {log.read_text()}")
+                time.sleep(0.01 if port_open is None else 0.5)
+        assert port_open is not None
+        yield Started(url, model, wall, port_open, log)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.unlink(missing_ok=True)
+
+
+@contextmanager
+def server(kind: str, model_dir: str) -> Iterator[tuple[str, str]]:
+    """A started server, primed with one tiny request (not shared with any prompt)."""
+    port = free_port()
+    env = {**os.environ}
+    if kind == "warmfleet":
+        cmd = [str(VENV_BIN / "warmfleet"), "serve", "--model", "default", "--port", str(port)]
+        model, ready_path = "default", "/readyz"
+    else:
+        cmd = [str(VENV_BIN / "mlx_lm.server"), "--model", model_dir, "--port", str(port)]
+        model, ready_path = model_dir, "/health"
+        blas = openblas()
+        if blas:
+            env["LD_PRELOAD"] = blas  # same BLAS as warmfleet
+    cmd += ["--log-level", "warning" if kind == "warmfleet" else "WARNING"]
+    with started(cmd, model, ready_path, env) as s:
+        hi = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        httpx.post(f"{s.url}/v1/chat/completions", json=hi, timeout=60).raise_for_status()
+        yield s.url, s.model
 
 
 @dataclass

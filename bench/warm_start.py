@@ -21,16 +21,11 @@ import datetime
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 from engine_vs_mlx_lm import (
@@ -40,6 +35,7 @@ from engine_vs_mlx_lm import (
     free_port,
     openblas,
     prepare,
+    started,
     stream,
     system_prompt,
 )
@@ -47,15 +43,6 @@ from engine_vs_mlx_lm import (
 PEER_WARM_UP_S = 12.0  # the best peer's start-up warm-up of 1.6k tokens on this machine
 WARM_UP_LINE = re.compile(r"Warm-up done \(strict-prefix\).*?(\d+) prompt tokens in ([\d.]+)s")
 MODEL_READY_LINE = re.compile(r"Model .* ready in")
-
-
-@dataclass
-class Started:
-    url: str
-    model: str
-    started_at: float  # process start, wall clock (the daemon's log lines carry it)
-    port_open_s: float  # process start -> the port answers
-    log: Path
 
 
 @dataclass
@@ -69,44 +56,6 @@ class Figures:
     cached_warm: list[int | None] = field(default_factory=list)
     ttft_cold: list[float] = field(default_factory=list)
     ttft_mlx: list[float] = field(default_factory=list)
-
-
-@contextmanager
-def started(cmd: list[str], model: str, ready_path: str, env: dict[str, str]) -> Iterator[Started]:
-    """Start a server and time it: polls every 10 ms until the port answers, then every
-    0.5 s until `ready_path` says 200. Polling fast all along would slow what it
-    measures: 100 requests/s take enough CPU on 2 cores to slow a warm-up by half."""
-    port = int(cmd[cmd.index("--port") + 1])
-    url = f"http://127.0.0.1:{port}"
-    log = Path(tempfile.mkstemp(prefix="warm-start-", suffix=".log")[1])
-    with log.open("wb") as out:
-        t0, wall = time.perf_counter(), time.time()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        port_open = None
-        with httpx.Client(timeout=5) as client:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log.read_text()}")
-                try:
-                    status = client.get(f"{url}{ready_path}").status_code
-                    port_open = port_open or time.perf_counter() - t0
-                    if status == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.perf_counter() - t0 > 300:
-                    raise RuntimeError(f"{cmd[0]} did not come up: {log.read_text()}")
-                time.sleep(0.01 if port_open is None else 0.5)
-        assert port_open is not None
-        yield Started(url, model, wall, port_open, log)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.unlink(missing_ok=True)
 
 
 def logged_at(log: str, pattern: re.Pattern[str], since: float) -> tuple[re.Match[str], float]:
