@@ -122,7 +122,11 @@ def _unknown_fields(given: Any, known: Any, path: str = "") -> list[str]:
                 out += _unknown_fields(value, known[key], f"{path}.{key}")
         return out
     if isinstance(given, list) and isinstance(known, list):
-        return [f for i, (g, k) in enumerate(zip(given, known)) for f in _unknown_fields(g, k, f"{path}[{i}]")]
+        return [
+            f
+            for i, (g, k) in enumerate(zip(given, known))
+            for f in _unknown_fields(g, k, f"{path}[{i}]")
+        ]
     return []
 
 

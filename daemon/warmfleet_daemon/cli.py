@@ -112,11 +112,10 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from warmfleet_daemon.cli_fleet import register_if_asked
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.cli_fleet import register_if_asked
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.settings import DaemonSettings
     from warmfleet_daemon.warming import read_warm_prompts_file

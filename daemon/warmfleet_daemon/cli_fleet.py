@@ -37,9 +37,7 @@ def add_register_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="where the operator reaches this daemon (default: http://HOSTNAME:PORT)",
     )
-    g.add_argument(
-        "--labels", metavar="K=V[,K=V..]", help="labels of the WarmNode (pools to join)"
-    )
+    g.add_argument("--labels", metavar="K=V[,K=V..]", help="labels of the WarmNode (pools to join)")
     g.add_argument(
         "--admin-token-secret",
         metavar="[NAMESPACE/]NAME[:KEY]",
@@ -166,7 +164,6 @@ def run_service(args: argparse.Namespace, serve_arguments: AddArguments) -> int:
         Manager,
         ServiceError,
         default_kind,
-        default_log_dir,
         default_unit_dir,
         install,
         run_checked,
@@ -187,7 +184,9 @@ def run_service(args: argparse.Namespace, serve_arguments: AddArguments) -> int:
 
             spec = ServiceSpec(name=_checked_name(args.name), command=[], system=args.system)
             removed = uninstall(manager, spec, stop=not args.no_start, run=run_checked)
-            print(f"removed {removed}" if removed else f"nothing to remove: no {manager.path(spec)}")
+            print(
+                f"removed {removed}" if removed else f"nothing to remove: no {manager.path(spec)}"
+            )
             return 0
         spec = _install_spec(args, serve_arguments, kind)
         if args.dry_run:
@@ -213,7 +212,7 @@ def _install_spec(
     from pydantic import ValidationError
 
     from warmfleet_daemon.registration import RegistrationError
-    from warmfleet_daemon.service.install import ServiceError
+    from warmfleet_daemon.service.install import ServiceError, default_log_dir
     from warmfleet_daemon.service.units import ServiceSpec
     from warmfleet_daemon.settings import DaemonSettings
 
@@ -225,12 +224,21 @@ def _install_spec(
         environment[key] = value
     if args.run_as and not args.system:
         raise ServiceError("--run-as only applies with --system")
+    for flag, path in (
+        ("--admin-token-file", args.admin_token_file),
+        ("--warm-prompts", args.warm_prompts),
+        ("--kubeconfig", args.kubeconfig),
+    ):
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            raise ServiceError(f"{flag} {path}: no such file (the service would fail to start)")
     serve_args = serve_command_line(args, serve_arguments)
     # What `serve` would refuse at every start, refused now instead.
     try:
         fields = DaemonSettings.model_fields
         overrides = {
-            k: v for k, v in vars(args).items() if v is not None and k in fields and k != "log_level"
+            k: v
+            for k, v in vars(args).items()
+            if v is not None and k in fields and k != "log_level"
         }
         settings = DaemonSettings(**overrides)
         if not settings.binds_loopback() and not (
@@ -250,7 +258,11 @@ def _install_spec(
         environment=environment,
         working_directory=None if system else Path.home(),
         log_dir=(
-            (Path(args.log_dir).expanduser().absolute() if args.log_dir else default_log_dir(system))
+            (
+                Path(args.log_dir).expanduser().absolute()
+                if args.log_dir
+                else default_log_dir(system)
+            )
             if kind == "launchd"
             else None
         ),

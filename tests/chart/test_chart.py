@@ -117,7 +117,9 @@ def test_operator_is_hardened_and_probed_on_kopfs_liveness_endpoint(values: Path
     deployment = one(docs, "Deployment", name)
     pod = deployment["spec"]["template"]["spec"]
     container = _container(deployment)
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert (
+        deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    )
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -143,8 +145,11 @@ def test_operator_arguments_are_what_its_cli_accepts() -> None:
 
     for values in (None, ALL):
         container = _container(
-            one(render(*([values] if values else [])), "Deployment",
-                "wf-operator" if values else "warmfleet-operator")
+            one(
+                render(*([values] if values else [])),
+                "Deployment",
+                "wf-operator" if values else "warmfleet-operator",
+            )
         )
         parser = argparse.ArgumentParser()
         add_arguments(parser)
@@ -206,14 +211,20 @@ def test_operator_rbac_cluster_wide_is_exactly_what_it_uses() -> None:
 def test_operator_rbac_with_watch_namespaces_is_namespaced() -> None:
     docs = render(ALL)
     assert _rules(one(docs, "ClusterRole", "wf-operator")) == OPERATOR_NODE_RULES
-    roles = {d["metadata"]["namespace"]: d for d in by_kind(docs, "Role")
-             if d["metadata"]["name"] == "wf-operator"}
+    roles = {
+        d["metadata"]["namespace"]: d
+        for d in by_kind(docs, "Role")
+        if d["metadata"]["name"] == "wf-operator"
+    }
     assert set(roles) == {"team-a", "team-b", "warmfleet"}
     assert _rules(roles["team-a"]) == _rules(roles["team-b"]) == OPERATOR_SET_RULES
     # The release's namespace only gets the WarmNodes' Events.
     assert _rules(roles["warmfleet"]) == {("", "events", "create")}
-    secret_roles = {d["metadata"]["namespace"] for d in by_kind(docs, "Role")
-                    if d["metadata"]["name"] == "wf-operator-secrets"}
+    secret_roles = {
+        d["metadata"]["namespace"]
+        for d in by_kind(docs, "Role")
+        if d["metadata"]["name"] == "wf-operator-secrets"
+    }
     assert secret_roles == {"warmfleet", "tokens"}
     bindings = [d for d in by_kind(docs, "RoleBinding")]
     assert all(b["subjects"][0]["name"] == "wf-op" for b in bindings)
@@ -283,8 +294,11 @@ def test_warmnodes_and_warmpromptsets_from_values() -> None:
     assert nodes["mac-studio-1"]["metadata"]["labels"]["warmfleet.io/pool"] == "review"
     assert nodes["mac-mini-1"]["spec"] == {
         "url": "http://mac-mini-1.lan:8000",
-        "adminTokenSecretRef": {"name": "warmfleet-admin-token", "namespace": "warmfleet",
-                                "key": "token"},
+        "adminTokenSecretRef": {
+            "name": "warmfleet-admin-token",
+            "namespace": "warmfleet",
+            "key": "token",
+        },
     }
     sets = {d["metadata"]["name"]: d for d in by_kind(docs, "WarmPromptSet")}
     assert set(sets) == {"on-call", "code-review"}
@@ -294,10 +308,14 @@ def test_warmnodes_and_warmpromptsets_from_values() -> None:
     all_docs = render(ALL)
     node2 = one(all_docs, "WarmNode", "mac-mini-2")
     assert node2["spec"]["adminTokenSecretRef"] == {
-        "name": "mac-mini-2-token", "key": "token", "namespace": "tokens"
+        "name": "mac-mini-2-token",
+        "key": "token",
+        "namespace": "tokens",
     }
     assert one(all_docs, "WarmNode", "mac-mini-1")["spec"]["adminTokenSecretRef"] == {
-        "name": "daemon-token", "namespace": "warmfleet", "key": "admin"
+        "name": "daemon-token",
+        "namespace": "warmfleet",
+        "key": "admin",
     }
     assert one(all_docs, "WarmPromptSet", "agents")["metadata"]["namespace"] == "team-a"
 
@@ -310,7 +328,9 @@ def test_admin_token_is_generated_unless_an_existing_secret_is_named() -> None:
     # A second render (no cluster to look it up in) draws another one: it is random.
     again = one(render(), "Secret", "warmfleet-admin-token")["data"]["token"]
     assert again != secret["data"]["token"]
-    assert not [d for d in render(ALL) if d["kind"] == "Secret" and "token" in d["metadata"]["name"]]
+    assert not [
+        d for d in render(ALL) if d["kind"] == "Secret" and "token" in d["metadata"]["name"]
+    ]
 
 
 # -- observability ---------------------------------------------------------------------------
@@ -392,8 +412,9 @@ def test_plain_scrape_config_is_a_valid_prometheus_config(tmp_path: Path) -> Non
     assert jobs[0]["metrics_path"] == "/warmfleet/metrics" and jobs[0]["scheme"] == "https"
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({"scrape_configs": jobs}))
-    done = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
