@@ -425,3 +425,21 @@ def test_notes_say_what_to_run_next() -> None:
     assert "warmfleet service install" in text
     assert "create token warmfleet-register" in text
     assert "port-forward svc/warmfleet-router" in text
+
+
+def _readme_values() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The operator: `helm install warmfleet charts/warmfleet", 1)[1]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_values_for_three_macs_render_and_validate(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(_readme_values())
+    docs = render(values)
+    for doc in docs:
+        validate(doc)
+    assert len(by_kind(docs, "WarmNode")) == 3
+    assert [d["metadata"]["name"] for d in by_kind(docs, "WarmPromptSet")] == ["code-review"]
+    operator = _container(one(docs, "Deployment", "warmfleet-operator"))
+    assert operator["image"] == "registry.example.com/platform/warmfleet:0.1.0"

@@ -237,3 +237,30 @@ def test_dry_run_prints_and_writes_nothing(
     out = capsys.readouterr().out
     assert plistlib.loads(out.encode())["Label"] == "io.warmfleet.daemon"
     assert not (tmp_path / "units").exists()
+
+
+def _readme_service_commands() -> list[list[str]]:
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = readme.replace("\\\n", " ")
+    return [
+        shlex.split(line.strip())[1:]
+        for line in text.splitlines()
+        if line.strip().startswith("warmfleet service install ")
+    ]
+
+
+def test_readme_service_commands_are_accepted(tmp_path: Path, token: Path) -> None:
+    commands = _readme_service_commands()
+    assert len(commands) == 2 and any("--register" in c for c in commands)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\n")
+    paths = {
+        "~/admin-token": str(token),
+        "~/.kube/warmfleet": str(kubeconfig),
+        "~/.warmfleet": str(tmp_path / "state"),
+    }
+    for argv in commands:
+        argv = [paths.get(a, a) for a in argv]
+        assert main([*argv, "--systemd", "--dry-run"]) == 0, argv
