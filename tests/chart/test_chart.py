@@ -189,16 +189,15 @@ OPERATOR_NODE_RULES = {
     ("warmfleet.io", "warmnodes/status", "patch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
 }
 
 
 def test_operator_rbac_cluster_wide_is_exactly_what_it_uses() -> None:
     docs = render()
     cluster_role = one(docs, "ClusterRole", "warmfleet-operator")
-    assert _rules(cluster_role) == OPERATOR_NODE_RULES | OPERATOR_SET_RULES | {
-        ("", "namespaces", "list"),
-        ("", "namespaces", "watch"),
-    }
+    assert _rules(cluster_role) == OPERATOR_NODE_RULES | OPERATOR_SET_RULES
     secrets = one(docs, "Role", "warmfleet-operator-secrets")
     assert secrets["metadata"]["namespace"] == "warmfleet"
     assert _rules(secrets) == {("", "secrets", "get")}
