@@ -57,8 +57,13 @@ def render(
     if monitoring:
         for api in MONITORING_APIS:
             args += ["--api-versions", api]
-    out = helm(*args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml.safe_load_all(_template(tuple(args))) if d]
+
+
+@cache
+def _template(args: tuple[str, ...]) -> str:
+    # helm is the slow part (and the output is the same for the same files): once per run.
+    return helm(*args).stdout
 
 
 def notes(*values_files: Path) -> str:
