@@ -422,7 +422,8 @@ def test_notes_say_what_to_run_next() -> None:
     text = notes(EXAMPLE)
     assert "kubectl -n warmfleet rollout status deploy/warmfleet-operator" in text
     assert "get secret warmfleet-admin-token" in text
-    assert "warmfleet service install" in text
+    assert "warmfleet service install --host 0.0.0.0 --admin-token-file" in text
+    assert "--admin-token-secret warmfleet/warmfleet-admin-token:token" in text
     assert "create token warmfleet-register" in text
     assert "port-forward svc/warmfleet-router" in text
 
