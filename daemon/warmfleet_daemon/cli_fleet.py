@@ -203,6 +203,8 @@ def run_service(args: argparse.Namespace, serve_arguments: AddArguments) -> int:
     elif kind == "systemd":
         scope = "" if args.system else " --user"
         print(f"logs: journalctl{scope} -u {spec.unit_name} -f")
+        if not args.system:
+            print("a user unit starts at login; `loginctl enable-linger` starts it at boot")
     return 0
 
 
