@@ -27,15 +27,21 @@ EXAMPLE = ROOT / "examples" / "helm" / "values.yaml"
 def test_chart_crds_are_the_top_level_crds() -> None:
     top = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
     chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
-    assert top and chart == top, "charts/warmfleet/crds/ differs from crds/: copy them over"
+    assert top and chart == top, (
+        "charts/warmfleet/crds/ differs from crds/: cp crds/*.yaml charts/warmfleet/crds/"
+    )
 
 
 def test_chart_dashboards_and_rules_are_the_repository_files() -> None:
     top = {p.name: p.read_bytes() for p in (ROOT / "dashboards").glob("*.json")}
     chart = {p.name: p.read_bytes() for p in (CHART / "dashboards").glob("*.json")}
-    assert top and chart == top, "charts/warmfleet/dashboards/ differs from dashboards/"
+    assert top and chart == top, (
+        "charts/warmfleet/dashboards/ differs: cp dashboards/*.json charts/warmfleet/dashboards/"
+    )
     rules = ROOT / "dashboards" / "alerts" / "warmfleet-rules.yaml"
-    assert (CHART / "files" / "warmfleet-rules.yaml").read_bytes() == rules.read_bytes()
+    assert (CHART / "files" / "warmfleet-rules.yaml").read_bytes() == rules.read_bytes(), (
+        "cp dashboards/alerts/warmfleet-rules.yaml charts/warmfleet/files/"
+    )
 
 
 # -- lint and render -----------------------------------------------------------------------
