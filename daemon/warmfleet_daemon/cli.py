@@ -20,6 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub.add_parser("serve", help="run the daemon (OpenAI API + prefix cache)"))
+    add_fleet_parsers(sub)
     convert = sub.add_parser(
         "convert", help="write a model (e.g. `default`) as an mlx-lm directory"
     )
@@ -61,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "operator":
         return run(args)
+    if args.command == "service":
+        return run_fleet_service(args)
     _setup_logging(getattr(args, "log_level", "info"))
     if args.command == "bench-serve":  # HTTP clients: no mlx, no BLAS
         return _bench_serve(args)
@@ -112,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.cli_fleet import register_if_asked
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.settings import DaemonSettings
     from warmfleet_daemon.warming import read_warm_prompts_file
@@ -139,6 +143,10 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    failure = register_if_asked(args, settings)  # --register NAME: this node's WarmNode
+    if failure:
+        print(f"warmfleet serve: {failure}", file=sys.stderr)
+        return 2
     log_blas(ensure_fast_blas(), on_gpu=on_gpu())
     base = f"http://{settings.host}:{settings.port}"
     log.info(
@@ -163,6 +171,27 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
     )
     return 0
+
+
+def _serve_and_register_arguments(p: argparse.ArgumentParser) -> None:
+    from warmfleet_daemon.cli_fleet import add_register_arguments
+
+    _serve_parser(p)
+    add_register_arguments(p)
+
+
+def add_fleet_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`serve --register ...` and `service install/uninstall` (warmfleet_daemon.cli_fleet)."""
+    from warmfleet_daemon.cli_fleet import add_register_arguments, add_service_parser
+
+    add_register_arguments(sub.choices["serve"])
+    add_service_parser(sub, _serve_and_register_arguments)
+
+
+def run_fleet_service(args: argparse.Namespace) -> int:
+    from warmfleet_daemon.cli_fleet import run_service
+
+    return run_service(args, _serve_and_register_arguments)
 
 
 def _convert(args: argparse.Namespace) -> int:
