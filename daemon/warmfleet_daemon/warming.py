@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,9 @@ from warmfleet_daemon.state_store import StateStore
 log = logging.getLogger(__name__)
 
 SetKey = tuple[str, str]  # (namespace, name)
+# Content hashes are keyed per process: they tell "changed or not" to whoever may read
+# them, but cannot confirm a guessed system prompt.
+_HASH_KEY = secrets.token_bytes(16)
 _Rendered = tuple[RenderedPrompt, list[BlockKey], str]  # prefix, its block keys, content hash
 
 
@@ -515,7 +519,7 @@ def _content(result: _Rendered | str) -> str:
 
 def _hash(value: object) -> str:
     data = json.dumps(value, sort_keys=True, default=str).encode()
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
+    return hashlib.blake2b(data, digest_size=12, key=_HASH_KEY).hexdigest()
 
 
 def read_warm_prompts_file(path: str, *, concurrency: int = 2) -> WarmSetSpec:

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon import __version__
-from warmfleet_daemon.api.deps import ReadyDep, StateDep
+from warmfleet_daemon.api.deps import IsAdminDep, ReadyDep, StateDep
+from warmfleet_daemon.contract import PromptState
 
 router = APIRouter()
 
@@ -36,9 +36,14 @@ async def readyz(state: StateDep, warm: bool = False) -> JSONResponse:
 
 
 @router.get("/v1/status")
-async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
+async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[str, Any]:
+    """Engine, cache, warm sets and a diagnostics summary. Without the admin token (when
+    one is configured) warm sets are counts only: their names, uids and content hashes
+    are on the admin routes."""
     model = ready.model
     cache = ready.engine.cache.stats
+    sets = ready.warm.list()
+    detail = {"warm_sets": [s.model_dump() for s in sets]} if admin else {}
     return {
         "version": __version__,
         "model": {
@@ -53,9 +58,15 @@ async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
             "hit_rate": cache.hit_rate,
             "tokens_saved": cache.tokens_saved,
         },
-        "warm_sets": [s.model_dump() for s in ready.warm.list()],
+        **detail,
+        "warm_set_counts": {
+            "sets": len(sets),
+            "prompts": sum(s.total for s in sets),
+            "warm": sum(s.warm for s in sets),
+            "failed": sum(p.state is PromptState.FAILED for s in sets for p in s.prompts),
+        },
         # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
-        "diagnostics": await run_in_threadpool(ready.diagnostics.summary),
+        "diagnostics": ready.diagnostics.summary(),
     }
 
 

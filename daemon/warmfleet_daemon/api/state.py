@@ -98,6 +98,7 @@ class DaemonState:
         telemetry.observe_warm_sets(warm)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
+        diagnostics.start()
         warm.start()
         warm.restore()
         if settings.warm_prompts:
@@ -121,5 +122,6 @@ class DaemonState:
     def shutdown(self) -> None:
         if self.ready is not None:
             self.ready.warm.stop()
+            self.ready.diagnostics.stop()
             self.ready.engine.stop()
             self.ready.telemetry.shutdown()
