@@ -80,7 +80,7 @@ class PromptBuilder:
             raise PromptError("messages must not be empty")
         messages, tools = self._with_tools(messages, tools)
         text = self._render(messages, tools, add_generation_prompt)
-        tokens = list(self._tokenizer.encode(text, add_special_tokens=False))
+        tokens = self._encode(text, add_special_tokens=False)
         cuts = []
         for index in range(len(messages)):
             found = self._content_start(messages, index, tools)
@@ -96,7 +96,7 @@ class PromptBuilder:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("prompt must not be empty")
-            return RenderedPrompt(tuple(self._tokenizer.encode(prompt)), (), prompt)
+            return RenderedPrompt(tuple(self._encode(prompt)), (), prompt)
         if not prompt:
             raise PromptError("prompt must not be empty")
         return RenderedPrompt(tuple(int(t) for t in prompt))
@@ -117,6 +117,13 @@ class PromptBuilder:
         return str(self._tokenizer.decode(list(tokens)))
 
     # -- helpers ----------------------------------------------------------------
+
+    def _encode(self, text: str, **kwargs: Any) -> list[int]:
+        _check_unicode(text)
+        try:
+            return list(self._tokenizer.encode(text, **kwargs))
+        except (TypeError, ValueError) as exc:  # the tokenizers library's input errors
+            raise PromptError(f"cannot tokenize this text: {exc}") from exc
 
     def _render(
         self,
@@ -168,7 +175,7 @@ class PromptBuilder:
         cut: tuple[int, bytes] | None = None
         try:
             probes = [
-                self._tokenizer.encode(
+                self._encode(
                     self._render([*head, {"role": role, "content": p}], tools, False),
                     add_special_tokens=False,
                 )
@@ -183,6 +190,18 @@ class PromptBuilder:
             if len(self._content_starts) > _MEMO_SIZE:
                 self._content_starts.popitem(last=False)
         return cut
+
+
+def _check_unicode(text: str) -> None:
+    """Lone surrogates (JSON's "\\ud800") are valid in a Python str but not in UTF-8,
+    which is what the tokenizer needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(
+            f"the text is not valid Unicode: a lone surrogate ({text[exc.start]!r}) at "
+            f"character {exc.start}"
+        ) from exc
 
 
 def _digest(tokens: Sequence[int]) -> bytes:

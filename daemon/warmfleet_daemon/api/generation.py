@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,8 @@ from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.prompts import PromptError, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
+
+log = logging.getLogger(__name__)
 
 _DISCONNECT_POLL_S = 0.5
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -159,19 +162,25 @@ def streaming_response(
     asked. Closing the stream (client gone) cancels the request."""
 
     async def events() -> AsyncIterator[bytes]:
-        if first is not None:
-            yield _data({**base, "choices": [first]}, include_usage)
-        async for event in ready.engine.generate(request):
-            if event.finish_reason == "error":
-                yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
-                break
-            if event.text:
-                yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
-            if event.finish_reason is not None:
-                yield _data({**base, "choices": [choice("", event.finish_reason)]}, include_usage)
-                if include_usage:
-                    usage = usage_info(event.usage).model_dump()
-                    yield _data({**base, "choices": [], "usage": usage}, False)
+        try:
+            if first is not None:
+                yield _data({**base, "choices": [first]}, include_usage)
+            async for event in ready.engine.generate(request):
+                if event.finish_reason == "error":
+                    message = f"generation failed: {event.error}"
+                    yield _data(error_body(message, "server_error"), False)
+                    break
+                if event.text:
+                    yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
+                if event.finish_reason is not None:
+                    end = {**base, "choices": [choice("", event.finish_reason)]}
+                    yield _data(end, include_usage)
+                    if include_usage:
+                        usage = usage_info(event.usage).model_dump()
+                        yield _data({**base, "choices": [], "usage": usage}, False)
+        except Exception as exc:  # the status line is gone: say it in the stream, then end it
+            log.exception("stream failed")
+            yield _data(error_body(f"internal error: {type(exc).__name__}", "server_error"), False)
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
