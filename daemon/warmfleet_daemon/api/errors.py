@@ -101,7 +101,6 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
 
-
 class CatchUnexpected:
     """Any other error answers an OpenAI-style 500 and keeps the connection open.
     Starlette's own last-resort handler answers, then re-raises, and the server closes

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +26,7 @@ from warmfleet_daemon.api.schemas import (
 from warmfleet_daemon.api.state import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
-from warmfleet_daemon.prompts import PromptError, RenderedPrompt
+from warmfleet_daemon.prompts import PromptError, PromptTooLong, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
 
 log = logging.getLogger(__name__)
@@ -42,17 +43,48 @@ def check_model(ready: Ready, name: str) -> None:
 
 
 async def chat_request(
-    ready: Ready, body: ChatCompletionRequest, settings: DaemonSettings
+    ready: Ready,
+    body: ChatCompletionRequest,
+    settings: DaemonSettings,
+    http: Request | None = None,
 ) -> GenerationRequest:
     check_model(ready, body.model)
     messages = [m.as_template_message() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    context = ready.model.context_length
     try:
-        prompt = await run_in_threadpool(ready.prompts.chat, messages, tools)
+        prompt = await _while_connected(
+            http, ready.prompts.chat, messages, tools, max_tokens=context
+        )
+    except PromptTooLong as exc:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, your "
+            f"messages resulted in {exc.tokens} tokens.",
+            param="messages",
+            code="context_length_exceeded",
+        ) from exc
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
     return _request(ready, prompt, body, max_tokens, settings, "messages", "chat")
+
+
+async def _while_connected(
+    http: Request | None, build: Callable[..., RenderedPrompt], *args: Any, **kwargs: Any
+) -> RenderedPrompt:
+    """`build(*args, cancelled=..., **kwargs)` in the thread pool; if the client goes
+    away meanwhile, `cancelled()` turns true (so the work stops) and this answers 499."""
+    gone = threading.Event()
+    task = asyncio.ensure_future(run_in_threadpool(build, *args, cancelled=gone.is_set, **kwargs))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if http is not None and await http.is_disconnected():
+            gone.set()
+            raise APIError(499, "client closed the request", code="client_closed")
 
 
 async def completion_request(

@@ -30,7 +30,7 @@ router = APIRouter(
 async def chat_completions(
     body: ChatCompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
-    request = await gen.chat_request(ready, body, state.settings)
+    request = await gen.chat_request(ready, body, state.settings, http)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
     if body.stream:
         return gen.streaming_response(

@@ -254,8 +254,12 @@ async def _probe(client: httpx.AsyncClient, url: str, options: BenchOptions) -> 
         model = ids[0]
     software = response.headers.get("server", "")
     status = await _get_json(client, "/v1/status")
-    if isinstance(status, dict) and "version" in status and (
-        "warm_sets" in status or "warm_set_counts" in status  # the public status: counts
+    if (
+        isinstance(status, dict)
+        and "version" in status
+        and (
+            "warm_sets" in status or "warm_set_counts" in status  # the public status: counts
+        )
     ):
         software = f"warmfleet {status['version']}"
     source = ""
