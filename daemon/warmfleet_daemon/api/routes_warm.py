@@ -64,7 +64,11 @@ async def delete_warm_set(
     ready: ReadyDep, namespace: str = Namespace, name: str = Name
 ) -> JSONResponse:
     """Unpin the set's prompts and drop their cache blocks."""
-    if not ready.warm.delete(namespace, name):
+    try:
+        deleted = ready.warm.delete(namespace, name)
+    except WarmSetError as exc:  # the state could not be saved: nothing was deleted
+        raise APIError(exc.status, exc.message, param=exc.param) from exc
+    if not deleted:
         raise APIError(404, f"warm set {namespace}/{name} not found", code="not_found")
     return JSONResponse({"status": "deleted", "namespace": namespace, "name": name})
 
