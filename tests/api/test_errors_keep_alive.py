@@ -132,3 +132,12 @@ def test_a_stream_that_fails_ends_with_an_error_event_and_done(
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2].removeprefix("data: "))["error"]["type"] == "server_error"
+
+
+def test_image_parts_say_images_are_not_supported(url: str) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    content = [{"type": "text", "text": "What is in it?"}, image]
+    r = post(url, "/v1/chat/completions", chat(messages=[{"role": "user", "content": content}]))
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "'image_url' are not supported" in message and "text only" in message
