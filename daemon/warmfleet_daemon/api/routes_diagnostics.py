@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import APIRouter
 
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.api.errors import ErrorResponse
+from warmfleet_daemon.api.openapi import errors
 
 router = APIRouter(
     prefix="/v1",
     dependencies=[AdminDep],
-    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}},
+    responses=errors(401, 403, 503),
 )
 
 
