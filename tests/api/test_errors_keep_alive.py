@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from inproc import serving
 from support import model
 from warmfleet_daemon.api.app import create_app
+from warmfleet_daemon.api.errors import error_body
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
@@ -141,3 +142,10 @@ def test_image_parts_say_images_are_not_supported(url: str) -> None:
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert "'image_url' are not supported" in message and "text only" in message
+
+
+
+def test_error_bodies_can_quote_lone_surrogates() -> None:
+    body = error_body("no model `gpt-\ud800`", "invalid_request_error", "model")
+    assert json.dumps(body, ensure_ascii=False).encode()  # a 500 if this raised
+    assert "gpt-\\ud800" in body["error"]["message"]

@@ -65,7 +65,20 @@ class APIError(Exception):
 def error_body(
     message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return {
+        "error": {
+            "message": _utf8(message),
+            "type": type_,
+            "param": None if param is None else _utf8(param),
+            "code": code,
+        }
+    }
+
+
+def _utf8(text: str) -> str:
+    # Messages may quote client input; a lone surrogate in it would make the body
+    # unencodable (and the error a 500).
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def install_error_handlers(app: FastAPI) -> None:
