@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -193,29 +193,39 @@ def streaming_response(
     (`first`: an opening choice, e.g. the assistant role), the usage chunk last when
     asked. Closing the stream (client gone) cancels the request."""
 
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            if first is not None:
-                yield _data({**base, "choices": [first]}, include_usage)
-            async for event in ready.engine.generate(request):
-                if event.finish_reason == "error":
-                    message = f"generation failed: {event.error}"
-                    yield _data(error_body(message, "server_error"), False)
-                    break
-                if event.text:
-                    yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
-                if event.finish_reason is not None:
-                    end = {**base, "choices": [choice("", event.finish_reason)]}
-                    yield _data(end, include_usage)
-                    if include_usage:
-                        usage = usage_info(event.usage).model_dump()
-                        yield _data({**base, "choices": [], "usage": usage}, False)
-        except Exception as exc:  # the status line is gone: say it in the stream, then end it
-            log.exception("stream failed")
-            yield _data(error_body(f"internal error: {type(exc).__name__}", "server_error"), False)
+    async def events() -> AsyncGenerator[bytes, None]:
+        if first is not None:
+            yield _data({**base, "choices": [first]}, include_usage)
+        async for event in ready.engine.generate(request):
+            if event.finish_reason == "error":
+                yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
+                break
+            if event.text:
+                yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
+            if event.finish_reason is not None:
+                yield _data({**base, "choices": [choice("", event.finish_reason)]}, include_usage)
+                if include_usage:
+                    usage = usage_info(event.usage).model_dump()
+                    yield _data({**base, "choices": [], "usage": usage}, False)
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(
+        _ending_on_error(events()), media_type="text/event-stream", headers=_SSE_HEADERS
+    )
+
+
+async def _ending_on_error(stream: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """Once the 200 is sent, an error can only be said in the stream: an error event,
+    then [DONE], so clients see an end rather than a cut connection."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except Exception as exc:
+        log.exception("stream failed")
+        yield _data(error_body(f"internal error: {type(exc).__name__}", "server_error"), False)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await stream.aclose()  # at once when the client goes: it cancels the request
 
 
 def _data(payload: dict[str, Any], include_usage: bool) -> bytes:
