@@ -144,7 +144,6 @@ def test_image_parts_say_images_are_not_supported(url: str) -> None:
     assert "'image_url' are not supported" in message and "text only" in message
 
 
-
 def test_error_bodies_can_quote_lone_surrogates() -> None:
     body = error_body("no model `gpt-\ud800`", "invalid_request_error", "model")
     assert json.dumps(body, ensure_ascii=False).encode()  # a 500 if this raised
