@@ -3,15 +3,20 @@ from what was cached, and what varies there.
 
 The engine calls `observe` on its own thread with every finished request: real
 requests go into a bounded window (their token tuples, no copies), warm-ups are
-remembered as prefixes known to be cached. `report()` runs `divergence.analyze` over
-the window, on demand and off the engine thread, for the requests that missed (the
-same rule as the `warmfleet.cache.outcome` metric: anything before the last message
-not served from the cache), so an operator sees "a date/time varies at token 7" with
-the text there, without collecting logs.
+remembered as prefixes known to be cached. A thread of its own runs
+`divergence.analyze` over the window for the requests that missed (the same rule as the
+`warmfleet.cache.outcome` metric: anything before the last message not served from the
+cache), so an operator sees "a date/time varies at token 7" with the text there,
+without collecting logs. HTTP routes only read its latest report (or wait for a fresh
+one without holding a worker thread): whatever the analysis costs, it never delays
+`/v1/status`, and each run is bounded (linear in the tokens, a time budget).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -21,11 +26,14 @@ from typing import Any
 from warmfleet_daemon.divergence import Decode, DivergenceReport, PromptTokens, analyze
 from warmfleet_daemon.engine.core import Event, GenerationRequest
 
+log = logging.getLogger(__name__)
+
 WINDOW = 256  # recent requests analyzed
 _WARM_PREFIXES = 64  # recently warmed prefixes kept as references
 _PREFIX_TOKENS = 4096  # static parts are analyzed up to this many tokens
 _MAX_DIFFS = 64  # misses diffed per report: bounds the work done while serving
-_STATUS_MAX_AGE_S = 30.0  # /v1/status reuses a report this recent
+_TIME_BUDGET_S = 2.0  # ... and so does this: no diff starts after it
+_REFRESH_S = 30.0  # new traffic is analyzed at most this often unless a report is asked for
 
 
 @dataclass(frozen=True)
@@ -44,15 +52,41 @@ class _Memo:
 
 
 class CacheDiagnostics:
-    def __init__(self, decode: Decode, *, window: int = WINDOW, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        decode: Decode,
+        *,
+        window: int = WINDOW,
+        block_size: int = 16,
+        refresh_s: float = _REFRESH_S,
+    ) -> None:
         self._decode = decode
         self._window: deque[_Seen] = deque(maxlen=window)
         self._warm: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._block_size = block_size
+        self._refresh_s = refresh_s
         self._observed = 0
         self._lock = threading.Lock()
-        self._compute = threading.Lock()  # one analysis at a time
-        self._memo: _Memo | None = None
+        self._wake = threading.Condition(self._lock)
+        self._wanted = False  # a caller waits for a report of the current window
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # fresh_report() callers: (requests observed when asked, their loop, a future)
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._memo = _Memo(0, time.monotonic(), self._analyze([], []))
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="warmfleet-diagnostics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
     def observe(self, request: GenerationRequest, event: Event) -> None:
         """Engine observer (engine thread): O(1), no analysis here."""
@@ -78,34 +112,39 @@ class CacheDiagnostics:
         with self._lock:
             self._window.append(seen)
             self._observed += 1
+            if self._memo.observed == 0:  # the first traffic: analyze it soon
+                self._wake.notify_all()
 
-    def report(self, max_age_s: float = 0.0) -> dict[str, Any]:
-        """The diagnostics document; recomputed when requests arrived since the last one
-        and it is older than `max_age_s`."""
-        with self._compute:
-            with self._lock:
-                window, warm, observed = (
-                    list(self._window),
-                    list(self._warm.values()),
-                    self._observed,
-                )
-            memo = self._memo
-            if memo is not None and (
-                memo.observed == observed or time.monotonic() - memo.at < max_age_s
-            ):
-                return memo.report
-            report = self._analyze(window, warm)
-            self._memo = _Memo(observed, time.monotonic(), report)
-            return report
+    def report(self) -> dict[str, Any]:
+        """The latest diagnostics document (never waits for an analysis)."""
+        return self._memo.report
+
+    async def fresh_report(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """A report of the window as it is now: asks the analysis thread for one and
+        waits for it on the event loop (no worker thread held); after `timeout_s`, the
+        latest there is."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            observed = self._observed
+            if self._memo.observed >= observed:
+                return self._memo.report
+            self._waiters.append((observed, loop, done))
+            self._wanted = True
+            self._wake.notify_all()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done, timeout_s)
+        return self._memo.report
 
     def summary(self) -> dict[str, Any]:
-        """For /v1/status: counts (current) and where misses diverge (from a report at
-        most 30 s old), without any prompt text: the status route is not an admin
-        route; the text is on /v1/cache/diagnostics."""
+        """For /v1/status: counts (current) and where misses diverge (from the latest
+        report, at most `refresh_s` old while traffic flows), without any prompt text:
+        the status route is not an admin route; the text is on /v1/cache/diagnostics.
+        O(window): never waits for an analysis."""
         with self._lock:
             requests = len(self._window)
             misses = sum(s.missed for s in self._window)
-        report = self.report(max_age_s=_STATUS_MAX_AGE_S)
+        report = self._memo.report
         return {
             "requests": requests,
             "misses": misses,
@@ -117,6 +156,38 @@ class CacheDiagnostics:
             "divergences_as_of": report["computed_at"],
             "details": "/v1/cache/diagnostics",
         }
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._due():
+                    self._wake.wait(timeout=1.0)
+                if self._stopping:
+                    return
+                self._wanted = False
+                window, warm, observed = (
+                    list(self._window),
+                    list(self._warm.values()),
+                    self._observed,
+                )
+            try:
+                report = self._analyze(window, warm)
+            except Exception:  # diagnostics must never take serving down
+                log.exception("cache diagnostics analysis failed")
+                report = {**self._memo.report, "error": "analysis failed; see the daemon log"}
+            with self._lock:
+                self._memo = _Memo(observed, time.monotonic(), report)
+                ready = [w for w in self._waiters if w[0] <= observed]
+                self._waiters = [w for w in self._waiters if w[0] > observed]
+            for _, loop, future in ready:
+                with contextlib.suppress(RuntimeError):  # its loop has closed
+                    loop.call_soon_threadsafe(_resolve, future)
+
+    def _due(self) -> bool:
+        memo = self._memo
+        if memo.observed == self._observed:
+            return False
+        return self._wanted or memo.observed == 0 or time.monotonic() - memo.at >= self._refresh_s
 
     def _analyze(self, window: list[_Seen], warm: list[tuple[int, ...]]) -> dict[str, Any]:
         misses = [i for i, seen in enumerate(window) if seen.missed]
@@ -132,6 +203,7 @@ class CacheDiagnostics:
                 targets=misses,
                 max_points=5,
                 max_diffs=_MAX_DIFFS,
+                time_budget_s=_TIME_BUDGET_S,
             )
         points = [p.to_dict() for p in result.points] if result else []
         for point in points:
@@ -181,3 +253,8 @@ class CacheDiagnostics:
             "findings": findings,
             "computed_at": time.time(),
         }
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # the waiter may have timed out
+        future.set_result(None)

@@ -96,6 +96,9 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-prompts-concurrency", type=int, metavar="N")
     p.add_argument("--state-dir", help="keep pushed warm sets here; re-warm them after a restart")
     p.add_argument(
+        "--max-state-mb", type=int, metavar="N", help="bound on the state file (default 64)"
+    )
+    p.add_argument(
         "--admin-token-file",
         metavar="FILE",
         help="bearer token for the admin routes (or WARMFLEET_ADMIN_TOKEN)",
@@ -118,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
     from warmfleet_daemon.cli_fleet import register_if_asked
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.settings import DaemonSettings
+    from warmfleet_daemon.state_store import StateStore
     from warmfleet_daemon.warming import read_warm_prompts_file
 
     overrides = {
@@ -129,9 +133,18 @@ def _serve(args: argparse.Namespace) -> int:
         if args.admin_token_file:
             with open(args.admin_token_file) as f:
                 overrides["admin_token"] = f.read().strip()
+            if not overrides["admin_token"]:
+                raise ValueError(
+                    f"--admin-token-file {args.admin_token_file} is empty: the admin routes "
+                    "would be open. Put the token in it, or leave the flag out."
+                )
+        elif os.environ.get("WARMFLEET_ADMIN_TOKEN", "x").strip() == "":
+            raise ValueError("WARMFLEET_ADMIN_TOKEN is empty: the admin routes would be open")
         settings = DaemonSettings(**overrides, log_level=args.log_level)
         if settings.warm_prompts:
             read_warm_prompts_file(settings.warm_prompts)  # fail now, not after loading
+        if settings.state_dir:  # fail now, not as a daemon that never gets ready
+            StateStore(settings.state_dir).check_writable()
     except (ValidationError, ValueError, OSError) as exc:
         print(f"warmfleet serve: {exc}", file=sys.stderr)
         return 2

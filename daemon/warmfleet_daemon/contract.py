@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -33,6 +33,22 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        """Say that images (audio, files) are not supported, rather than that the
+        content "should be a valid string"."""
+        content = data.get("content") if isinstance(data, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"content parts of type {kind!r} are not supported: this model "
+                        "takes text only (no images, audio or files)"
+                    )
+        return data
 
     def as_template_message(self) -> dict[str, Any]:
         """The dict handed to the chat template (text parts joined)."""
@@ -71,6 +87,18 @@ class WarmPrompt(BaseModel):
     name: str = Field(pattern=PROMPT_NAME)
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
+
+    @field_validator("messages")
+    @classmethod
+    def _known_fields_only(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        # Fields warm-up does not render would be kept and saved unbounded: refuse them.
+        for i, message in enumerate(messages):
+            if message.model_extra:
+                raise ValueError(
+                    f"message {i} has fields a warm prompt does not use: "
+                    f"{', '.join(sorted(message.model_extra))}"
+                )
+        return messages
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_message() for m in self.messages]

@@ -15,8 +15,8 @@ content from there on, such as another agent: not a template mistake).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +69,11 @@ _MERGE_GAP = 3  # differing regions this close (in tokens) are one varying field
 _REALIGN_SHARE = 0.5  # of the tokens after a region that must match again
 _NEAR = 2  # points this close (same kind) are the same field, shifted a little
 _SAMPLES = 5
+# Bounds that keep one comparison linear in its tokens (the daemon runs this live):
+_FIELD_TOKENS = 96  # a differing region is decoded up to this many tokens
+_MAX_FIELDS = 32  # differing fields looked at per comparison
+_LOOKAHEAD = 64  # how far the diff looks for where two prompts agree again ...
+_ANCHOR = 4  # ... as this many equal tokens in a row
 
 
 @dataclass(frozen=True)
@@ -190,11 +195,14 @@ def analyze(
     targets: Collection[int] | None = None,
     max_points: int = 10,
     max_diffs: int = 1000,
+    time_budget_s: float | None = None,
 ) -> DivergenceReport:
     """Analyze `prompts` (in arrival order). `references` are prefixes known to be
     cached before the first prompt (warm prompts); `targets` limits the divergence
     analysis to those prompt indices (the daemon passes its misses). At most
-    `max_diffs` diverging prompts are diffed, spread evenly over the log."""
+    `max_diffs` diverging prompts are diffed, spread evenly over the log, and none
+    after `time_budget_s` (counts are scaled to what was diffed). Every step is
+    linear in the prompts' tokens."""
     if prefix_tokens < 1 or block_size < 1:
         raise ValueError("prefix_tokens and block_size must be >= 1")
     tree = _RadixTree()
@@ -236,7 +244,11 @@ def analyze(
     chosen = _spread(diverging, max_diffs)
     observations: list[_Observation] = []
     new_prompts = 0
-    for i, position, owner in chosen:
+    deadline = None if time_budget_s is None else time.perf_counter() + time_budget_s
+    for n, (i, position, owner) in enumerate(chosen):
+        if deadline is not None and n and time.perf_counter() > deadline:
+            chosen = chosen[:n]
+            break
         a = prompts[i].tokens[: _prefix_length(prompts[i], prefix_tokens)]
         b = tree.sequence(owner)[: max(windows[owner], position + 1)] if owner >= 0 else ()
         found = _compare(a, b, position, decode)
@@ -338,12 +350,12 @@ def reordered_blocks(reference: str, variant: str) -> bool:
 
 
 def _blocks(text: str, by_paragraph: bool) -> list[str]:
-    out: list[str] = []
+    out: dict[str, None] = {}  # ordered and with O(1) membership: linear in the text
     for part in text.split("\n\n" if by_paragraph else "\n"):
         block = part.strip()
-        if len(block) >= 8 and block not in out:
-            out.append(block)
-    return out
+        if len(block) >= 8:
+            out.setdefault(block)
+    return list(out)
 
 
 # -- comparing two prompts -----------------------------------------------------------
@@ -375,10 +387,10 @@ def _compare(
         before = decode(a[max(0, start - _CONTEXT_TOKENS) : start])
         reference, variant = _first_line(b[start:], decode), _first_line(a[start:], decode)
         return [_Observation(start, Kind.REORDERED, True, reference, variant, before, "")]
-    matcher = difflib.SequenceMatcher(None, a[position:], b[position:], autojunk=False)
-    equal = [(i + position, size) for i, _, size in matcher.get_matching_blocks() if size]
+    opcodes = _opcodes(a, b, position)
+    equal = [(i1 + position, i2 - i1) for tag, i1, i2, _, _ in opcodes if tag == "equal"]
     out: list[_Observation] = []
-    for k, (fa, fb) in enumerate(_differing_fields(a, b, matcher.get_opcodes(), position, decode)):
+    for k, (fa, fb) in enumerate(_differing_fields(a, b, opcodes, position, decode)):
         kind = classify(fb.text, fa.text, fa.before, fb.after)
         if k == 0 and not _realigned(a, b, fa, fb, equal, kind):
             out.append(
@@ -386,6 +398,42 @@ def _compare(
             )
             break  # the rest differs because the content does: nothing more to learn
         out.append(_Observation(fa.start, kind, k == 0, fb.text, fa.text, fa.before, fb.after))
+    return out
+
+
+def _opcodes(
+    a: tuple[int, ...], b: tuple[int, ...], offset: int
+) -> list[tuple[str, int, int, int, int]]:
+    """difflib-style opcodes of a[offset:] against b[offset:] (indices relative to
+    `offset`), found greedily: after each mismatch, the nearest place where both agree
+    again for `_ANCHOR` tokens within `_LOOKAHEAD` tokens. Linear in the tokens, where
+    difflib is quadratic on prompts that go on to different content (why not difflib)."""
+    i = j = offset
+    out: list[tuple[str, int, int, int, int]] = []
+    while i < len(a) and j < len(b):
+        k = 0
+        while i + k < len(a) and j + k < len(b) and a[i + k] == b[j + k]:
+            k += 1
+        if k:
+            out.append(("equal", i - offset, i + k - offset, j - offset, j + k - offset))
+            i, j = i + k, j + k
+            continue
+        grams: dict[tuple[int, ...], int] = {}
+        for dj in range(min(_LOOKAHEAD, len(b) - j - _ANCHOR + 1)):
+            grams.setdefault(b[j + dj : j + dj + _ANCHOR], dj)
+        best: tuple[int, int] | None = None
+        for di in range(min(_LOOKAHEAD, len(a) - i - _ANCHOR + 1)):
+            if best is not None and di >= sum(best):
+                break
+            found = grams.get(a[i + di : i + di + _ANCHOR])
+            if found is not None and (best is None or di + found < sum(best)):
+                best = (di, found)
+        if best is None:
+            break
+        out.append(("replace", i - offset, i + best[0] - offset, j - offset, j + best[1] - offset))
+        i, j = i + best[0], j + best[1]
+    if i < len(a) or j < len(b):
+        out.append(("replace", i - offset, len(a) - offset, j - offset, len(b) - offset))
     return out
 
 
@@ -426,6 +474,8 @@ def _differing_fields(
             if a0 - pa.end <= _MERGE_GAP and b0 - pb.end <= _MERGE_GAP:
                 a0, b0 = pa.start, pb.start
                 out.pop()
+        if len(out) >= _MAX_FIELDS:
+            break
         out.append((_field(a, a0, a1, decode), _field(b, b0, b1, decode)))
     return out
 
@@ -441,7 +491,9 @@ class _Field:
 
 def _field(tokens: tuple[int, ...], start: int, end: int, decode: Decode) -> _Field:
     """The tokens [start, end) widened to the whole word, number or identifier they are
-    part of, so `7` in `2025-01-07` is seen as the date it belongs to."""
+    part of, so `7` in `2025-01-07` is seen as the date it belongs to. Only the first
+    `_FIELD_TOKENS` of a long region are decoded (longer ones are new content anyway)."""
+    full_end, end = end, min(end, start + _FIELD_TOKENS)
     w0, w1 = max(0, start - _CONTEXT_TOKENS), min(len(tokens), end + _CONTEXT_TOKENS)
     # Character offset of each token in the decoded window (prefix decodes, so merged
     # multi-byte characters come out as they do in the whole text).
@@ -461,7 +513,7 @@ def _field(tokens: tuple[int, ...], start: int, end: int, decode: Decode) -> _Fi
     first = w0 + max(k for k, off in enumerate(offsets) if off <= lo)
     last = w0 + min((k for k, off in enumerate(offsets) if off >= hi), default=w1 - w0)
     first = min(first, start)  # never narrower than the differing tokens
-    last = max(last, end)
+    last = max(last, full_end)
     return _Field(first, last, text[:lo], text[lo:hi], text[hi:])
 
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,11 @@ Message = Mapping[str, Any]
 # before it (letters, spaces, newlines, digits, punctuation, non-ASCII).
 _PROBES = ("x", "X", " x", "  x", "\tx", "\nx", "\n\nx", "1", "!x", "<x", "éx", "\u4e2dx")
 _MEMO_SIZE = 4096
+# Cuts are looked for at the first messages and the last one: each costs a render of
+# the conversation up to it, so every message would make a long chat quadratic. The
+# rule depends on the message count only (chunking stays deterministic), and a next
+# turn still reuses the previous one's blocks up to its last block before that cut.
+_CUT_HEAD_MESSAGES = 64
 
 # For chat templates that ignore `tools` (the embedded SmolLM2's does): the Hermes/Qwen
 # convention, appended to the system message so the model sees the tool list.
@@ -46,6 +51,16 @@ _TOOLS_POSTAMBLE = (
 
 class PromptError(ValueError):
     """The messages cannot be rendered (template error, bad structure)."""
+
+
+class PromptTooLong(PromptError):
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"the prompt has {tokens} tokens")
+        self.tokens = tokens
+
+
+class PromptCancelled(PromptError):
+    """The caller no longer wants the prompt (its client went away)."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +89,23 @@ class PromptBuilder:
         tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         add_generation_prompt: bool = True,
+        max_tokens: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> RenderedPrompt:
-        """Render and tokenize a chat request, with a cut at each message's content."""
+        """Render and tokenize a chat request, with a cut where each message's content
+        starts (`_cut_candidates`). Raises PromptTooLong with `max_tokens` tokens or
+        more, and PromptCancelled once `cancelled()` is true. Linear in the messages."""
         if not messages:
             raise PromptError("messages must not be empty")
         messages, tools = self._with_tools(messages, tools)
         text = self._render(messages, tools, add_generation_prompt)
-        tokens = list(self._tokenizer.encode(text, add_special_tokens=False))
+        tokens = self._encode(text, add_special_tokens=False)
+        if max_tokens is not None and len(tokens) >= max_tokens:
+            raise PromptTooLong(len(tokens))  # before any cut is looked for
         cuts = []
-        for index in range(len(messages)):
+        for index in _cut_candidates(len(messages)):
+            if cancelled is not None and cancelled():
+                raise PromptCancelled("the client went away")
             found = self._content_start(messages, index, tools)
             if found is None:
                 continue
@@ -96,7 +119,7 @@ class PromptBuilder:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("prompt must not be empty")
-            return RenderedPrompt(tuple(self._tokenizer.encode(prompt)), (), prompt)
+            return RenderedPrompt(tuple(self._encode(prompt)), (), prompt)
         if not prompt:
             raise PromptError("prompt must not be empty")
         return RenderedPrompt(tuple(int(t) for t in prompt))
@@ -117,6 +140,13 @@ class PromptBuilder:
         return str(self._tokenizer.decode(list(tokens)))
 
     # -- helpers ----------------------------------------------------------------
+
+    def _encode(self, text: str, **kwargs: Any) -> list[int]:
+        _check_unicode(text)
+        try:
+            return list(self._tokenizer.encode(text, **kwargs))
+        except (TypeError, ValueError) as exc:  # the tokenizers library's input errors
+            raise PromptError(f"cannot tokenize this text: {exc}") from exc
 
     def _render(
         self,
@@ -168,7 +198,7 @@ class PromptBuilder:
         cut: tuple[int, bytes] | None = None
         try:
             probes = [
-                self._tokenizer.encode(
+                self._encode(
                     self._render([*head, {"role": role, "content": p}], tools, False),
                     add_special_tokens=False,
                 )
@@ -183,6 +213,24 @@ class PromptBuilder:
             if len(self._content_starts) > _MEMO_SIZE:
                 self._content_starts.popitem(last=False)
         return cut
+
+
+def _cut_candidates(count: int) -> list[int]:
+    """Indices of the messages whose content start becomes a cut."""
+    head = list(range(min(count, _CUT_HEAD_MESSAGES)))
+    return head if count <= _CUT_HEAD_MESSAGES else [*head, count - 1]
+
+
+def _check_unicode(text: str) -> None:
+    """Lone surrogates (JSON's "\\ud800") are valid in a Python str but not in UTF-8,
+    which is what the tokenizer needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(
+            f"the text is not valid Unicode: a lone surrogate ({text[exc.start]!r}) at "
+            f"character {exc.start}"
+        ) from exc
 
 
 def _digest(tokens: Sequence[int]) -> bytes:

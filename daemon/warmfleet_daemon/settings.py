@@ -64,6 +64,7 @@ class DaemonSettings(BaseSettings):
     max_warm_prompts_per_set: int = Field(64, ge=1)
     max_warm_message_chars: int = Field(200_000, ge=1)
     max_pinned_fraction: float = Field(0.8, gt=0.0, le=1.0)
+    max_state_mb: int = Field(64, ge=1, description="bound on the --state-dir file")
 
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()

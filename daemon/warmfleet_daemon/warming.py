@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,11 +33,14 @@ from warmfleet_daemon.contract import (
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.prompts import PromptBuilder, PromptError, RenderedPrompt
-from warmfleet_daemon.state_store import StateStore
+from warmfleet_daemon.state_store import StateStore, StateTooLarge, invalid_key
 
 log = logging.getLogger(__name__)
 
 SetKey = tuple[str, str]  # (namespace, name)
+# Content hashes are keyed per process: they tell "changed or not" to whoever may read
+# them, but cannot confirm a guessed system prompt.
+_HASH_KEY = secrets.token_bytes(16)
 _Rendered = tuple[RenderedPrompt, list[BlockKey], str]  # prefix, its block keys, content hash
 
 
@@ -164,12 +168,16 @@ class WarmManager:
         if self.store is None:
             return 0
         applied = 0
+        rejected: list[tuple[object, str]] = []
         for (namespace, name), spec in self.store.load().items():
             try:
                 self.apply(namespace, name, spec, persist=False)
                 applied += 1
             except WarmSetError as exc:
-                log.error("saved warm set %s/%s not restored: %s", namespace, name, exc.message)
+                item = {"namespace": namespace, "name": name, "spec": spec.model_dump(mode="json")}
+                rejected.append((item, exc.message))
+        if rejected:  # kept, not lost at the next save
+            self.store.keep_aside(rejected)
         if applied:
             log.info("Restored %d warm set(s) from %s", applied, self.store.path)
         return applied
@@ -188,6 +196,9 @@ class WarmManager:
         """Create or update a set; re-warm only prompts whose prefix changed. A prompt
         that cannot be rendered rejects the whole set, or with `keep_going` (a file read
         at start-up) is kept as failed, with its reason, while the others warm."""
+        problem = invalid_key(namespace, name)
+        if problem:
+            raise WarmSetError(422, problem, "name")
         rendered = self._validate(namespace, name, spec, keep_going)
         set_hash = _hash(
             [spec.concurrency, spec.pin, [(n, _content(r)) for n, r in rendered.items()]]
@@ -206,10 +217,11 @@ class WarmManager:
                     f"{old.spec.generation}; nothing changed",
                     "generation",
                 )
+            # Saved before anything changes: if the disk refuses, memory stays as it was.
+            self._save(persist, {**self._specs(), key: spec})
             if old is not None and old.content_hash == set_hash:
                 old.spec = spec  # same content: only the generation or uid differs
                 old.updated_at = time.time()
-                self._save(persist)
                 return old.status()
             entries: dict[str, _Prompt] = {}
             for prompt in spec.prompts:
@@ -240,19 +252,20 @@ class WarmManager:
                     for entry in entries.values():
                         self._repin(entry)
             self._sets[key] = _Set(namespace, name, spec, set_hash, entries)
-            self._save(persist)
             self._wake.notify_all()
             return self._sets[key].status()
 
     def delete(self, namespace: str, name: str) -> bool:
         """Remove a set: unpin its prompts and drop their blocks."""
         with self._lock:
-            removed = self._sets.pop((namespace, name), None)
-            if removed is None:
+            if (namespace, name) not in self._sets:
                 return False
+            remaining = self._specs()
+            del remaining[(namespace, name)]
+            self._save(True, remaining)  # first: a failed save changes nothing
+            removed = self._sets.pop((namespace, name))
             for entry in removed.prompts.values():
                 self._release(entry)
-            self._save(True)
             return True
 
     def get(self, namespace: str, name: str) -> WarmSetStatus | None:
@@ -504,9 +517,22 @@ class WarmManager:
             else:
                 entry.state = PromptState.PENDING
 
-    def _save(self, persist: bool) -> None:
-        if persist and self.store is not None:
-            self.store.save({k: s.spec for k, s in self._sets.items()})
+    def _specs(self) -> dict[SetKey, WarmSetSpec]:
+        return {k: s.spec for k, s in self._sets.items()}
+
+    def _save(self, persist: bool, specs: dict[SetKey, WarmSetSpec]) -> None:
+        """Write what the sets are about to be; WarmSetError (nothing changed) if not."""
+        if not persist or self.store is None:
+            return
+        try:
+            self.store.save(specs)
+        except StateTooLarge as exc:
+            raise WarmSetError(413, f"{exc}; nothing changed", "prompts") from exc
+        except OSError as exc:
+            log.error("warm-set state not saved to %s: %s", self.store.path, exc)
+            raise WarmSetError(
+                503, f"the warm-set state cannot be saved ({exc}); nothing changed"
+            ) from exc
 
 
 def _content(result: _Rendered | str) -> str:
@@ -515,7 +541,7 @@ def _content(result: _Rendered | str) -> str:
 
 def _hash(value: object) -> str:
     data = json.dumps(value, sort_keys=True, default=str).encode()
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
+    return hashlib.blake2b(data, digest_size=12, key=_HASH_KEY).hexdigest()
 
 
 def read_warm_prompts_file(path: str, *, concurrency: int = 2) -> WarmSetSpec:
@@ -527,7 +553,7 @@ def read_warm_prompts_file(path: str, *, concurrency: int = 2) -> WarmSetSpec:
     try:
         with open(path) as f:
             document = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, RecursionError) as exc:
         raise ValueError(f"cannot read warm prompts file {path}: {exc}") from exc
     if isinstance(document, dict) and "prompts" in document:
         document = document["prompts"]

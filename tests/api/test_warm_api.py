@@ -60,7 +60,7 @@ def test_put_get_list_delete(client) -> None:
         },
     ).json()
     assert chat["usage"]["prompt_tokens_details"]["cached_tokens"] == one["prompts"][0]["tokens"]
-    assert client.get("/v1/status").json()["warm_sets"][0]["warm"] == 1
+    assert client.get("/v1/status", headers=AUTH).json()["warm_sets"][0]["warm"] == 1
     assert client.delete("/v1/warm-sets/team-a/scout", headers=AUTH).json()["status"] == "deleted"
     assert client.get("/v1/warm-sets/team-a/scout", headers=AUTH).status_code == 404
     assert client.delete("/v1/warm-sets/team-a/scout", headers=AUTH).status_code == 404

@@ -88,7 +88,8 @@ def test_a_corrupt_state_file_is_reported_and_ignored(daemon_factory, tmp_path) 
     (state / "warm-sets.json").write_text('{"version": 1, "sets": [{"namespace": "ops", "na')
     daemon = daemon_factory("--model", "tiny-random", "--state-dir", str(state))
     assert httpx.get(f"{daemon.url}/v1/warm-sets").json()["sets"] == []
-    assert "ignoring unreadable warm-set state" in daemon.log()
+    assert "starting without saved warm sets" in daemon.log()
+    assert [p.name for p in state.glob("warm-sets.json.unreadable-*")]  # kept aside
     ask(daemon.url, "still serving?")
 
 

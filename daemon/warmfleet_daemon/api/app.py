@@ -8,8 +8,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from warmfleet_daemon import __version__
-from warmfleet_daemon.api import routes_diagnostics, routes_openai, routes_status, routes_warm
-from warmfleet_daemon.api.errors import BodySizeLimit, install_error_handlers
+from warmfleet_daemon.api import (
+    openapi,
+    routes_diagnostics,
+    routes_openai,
+    routes_status,
+    routes_warm,
+)
+from warmfleet_daemon.api.errors import BodySizeLimit, CatchUnexpected, install_error_handlers
 from warmfleet_daemon.api.state import DaemonState
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.settings import DaemonSettings
@@ -37,7 +43,9 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     )
     app.state.daemon = state
     install_error_handlers(app)
+    openapi.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(CatchUnexpected)  # added last: the outermost
     app.include_router(routes_openai.router)
     app.include_router(routes_status.router)
     app.include_router(routes_warm.router)

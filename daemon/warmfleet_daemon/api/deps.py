@@ -36,6 +36,23 @@ def require_admin(request: Request, state: StateDep) -> None:
     token = state.settings.admin_token
     if not token:
         return
+    _check_token(request, token)
+
+
+def is_admin(request: Request, state: StateDep) -> bool:
+    """For routes with a public and an admin view: True with no token configured or
+    the valid one presented, False without an Authorization header; a wrong token is
+    refused (403) rather than silently answered with the public view."""
+    token = state.settings.admin_token
+    if not token:
+        return True
+    if "authorization" not in request.headers:
+        return False
+    _check_token(request, token)
+    return True
+
+
+def _check_token(request: Request, token: str) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given:
@@ -49,3 +66,4 @@ def require_admin(request: Request, state: StateDep) -> None:
 
 
 AdminDep = Depends(require_admin)
+IsAdminDep = Annotated[bool, Depends(is_admin)]

@@ -65,7 +65,20 @@ class APIError(Exception):
 def error_body(
     message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return {
+        "error": {
+            "message": _utf8(message),
+            "type": type_,
+            "param": None if param is None else _utf8(param),
+            "code": code,
+        }
+    }
+
+
+def _utf8(text: str) -> str:
+    # Messages may quote client input; a lone surrogate in it would make the body
+    # unencodable (and the error a 500).
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -100,12 +113,46 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(
-            error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500
-        )
+
+class CatchUnexpected:
+    """Any other error answers an OpenAI-style 500 and keeps the connection open.
+    Starlette's own last-resort handler answers, then re-raises, and the server closes
+    the keep-alive connection under the client. Add it as the outermost middleware."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # half a response went out: only closing the connection ends it
+                raise
+            body = json.dumps(
+                error_body(f"internal error: {type(exc).__name__}", "server_error")
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
 
 
 class BodySizeLimit:

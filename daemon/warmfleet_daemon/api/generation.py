@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -24,8 +26,10 @@ from warmfleet_daemon.api.schemas import (
 from warmfleet_daemon.api.state import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
-from warmfleet_daemon.prompts import PromptError, RenderedPrompt
+from warmfleet_daemon.prompts import PromptError, PromptTooLong, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
+
+log = logging.getLogger(__name__)
 
 _DISCONNECT_POLL_S = 0.5
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -39,17 +43,48 @@ def check_model(ready: Ready, name: str) -> None:
 
 
 async def chat_request(
-    ready: Ready, body: ChatCompletionRequest, settings: DaemonSettings
+    ready: Ready,
+    body: ChatCompletionRequest,
+    settings: DaemonSettings,
+    http: Request | None = None,
 ) -> GenerationRequest:
     check_model(ready, body.model)
     messages = [m.as_template_message() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    context = ready.model.context_length
     try:
-        prompt = await run_in_threadpool(ready.prompts.chat, messages, tools)
+        prompt = await _while_connected(
+            http, ready.prompts.chat, messages, tools, max_tokens=context
+        )
+    except PromptTooLong as exc:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, your "
+            f"messages resulted in {exc.tokens} tokens.",
+            param="messages",
+            code="context_length_exceeded",
+        ) from exc
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
     return _request(ready, prompt, body, max_tokens, settings, "messages", "chat")
+
+
+async def _while_connected(
+    http: Request | None, build: Callable[..., RenderedPrompt], *args: Any, **kwargs: Any
+) -> RenderedPrompt:
+    """`build(*args, cancelled=..., **kwargs)` in the thread pool; if the client goes
+    away meanwhile, `cancelled()` turns true (so the work stops) and this answers 499."""
+    gone = threading.Event()
+    task = asyncio.ensure_future(run_in_threadpool(build, *args, cancelled=gone.is_set, **kwargs))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if http is not None and await http.is_disconnected():
+            gone.set()
+            raise APIError(499, "client closed the request", code="client_closed")
 
 
 async def completion_request(
@@ -158,7 +193,7 @@ def streaming_response(
     (`first`: an opening choice, e.g. the assistant role), the usage chunk last when
     asked. Closing the stream (client gone) cancels the request."""
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         if first is not None:
             yield _data({**base, "choices": [first]}, include_usage)
         async for event in ready.engine.generate(request):
@@ -174,7 +209,23 @@ def streaming_response(
                     yield _data({**base, "choices": [], "usage": usage}, False)
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(
+        _ending_on_error(events()), media_type="text/event-stream", headers=_SSE_HEADERS
+    )
+
+
+async def _ending_on_error(stream: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """Once the 200 is sent, an error can only be said in the stream: an error event,
+    then [DONE], so clients see an end rather than a cut connection."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except Exception as exc:
+        log.exception("stream failed")
+        yield _data(error_body(f"internal error: {type(exc).__name__}", "server_error"), False)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await stream.aclose()  # at once when the client goes: it cancels the request
 
 
 def _data(payload: dict[str, Any], include_usage: bool) -> bytes:

@@ -7,20 +7,20 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.api.errors import ErrorResponse
+from warmfleet_daemon.api.openapi import errors
 
 router = APIRouter(
     prefix="/v1",
     dependencies=[AdminDep],
-    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}},
+    responses=errors(401, 403, 503),
 )
 
 
 @router.get("/cache/diagnostics")
 async def cache_diagnostics(ready: ReadyDep) -> dict[str, Any]:
     """The recent window of requests, its misses, the divergence points of the misses
-    (position, what varies, decoded text) and advice."""
-    return await run_in_threadpool(ready.diagnostics.report)
+    (position, what varies, decoded text) and advice. Computed by the diagnostics
+    thread; this waits for it on the event loop, at most 10 s (then the latest)."""
+    return await ready.diagnostics.fresh_report()

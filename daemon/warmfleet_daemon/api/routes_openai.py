@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
-from warmfleet_daemon.api.errors import ErrorResponse
+from warmfleet_daemon.api.openapi import errors
 from warmfleet_daemon.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -21,16 +21,19 @@ from warmfleet_daemon.api.schemas import (
     ModelList,
 )
 
-router = APIRouter(
-    prefix="/v1", responses={400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
-)
+router = APIRouter(prefix="/v1", responses=errors(503))
+# A generation route: JSON, or server-sent events with `stream: true`.
+_GENERATION = {
+    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **errors(400, 404, 413, 499),
+}
 
 
-@router.post("/chat/completions", response_model=ChatCompletion)
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_GENERATION)
 async def chat_completions(
     body: ChatCompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
-    request = await gen.chat_request(ready, body, state.settings)
+    request = await gen.chat_request(ready, body, state.settings, http)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
     if body.stream:
         return gen.streaming_response(
@@ -63,7 +66,7 @@ async def chat_completions(
     )
 
 
-@router.post("/completions", response_model=Completion)
+@router.post("/completions", response_model=Completion, responses=_GENERATION)
 async def completions(
     body: CompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.concurrency import run_in_threadpool
+from pydantic import BaseModel
 
 from warmfleet_daemon import __version__
-from warmfleet_daemon.api.deps import ReadyDep, StateDep
+from warmfleet_daemon.api.deps import IsAdminDep, ReadyDep, StateDep
+from warmfleet_daemon.api.openapi import errors
+from warmfleet_daemon.contract import PromptState
 
 router = APIRouter()
+
+
+class Readiness(BaseModel):
+    """`/readyz`: 200 when ready, 503 otherwise (loading, failed, warming)."""
+
+    status: Literal["ready", "loading", "failed", "warming"]
+    model: str | None = None
+    detail: str | None = None
+    error: str | None = None
+
+
+_NOT_READY = {"model": Readiness, "description": "Not ready: loading, failed or warming"}
 
 
 @router.get("/healthz")
@@ -21,7 +35,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=Readiness, responses={503: _NOT_READY, **errors(400)})
 async def readyz(state: StateDep, warm: bool = False) -> JSONResponse:
     """Ready once the model is loaded; with `?warm=1`, once every warm prompt is warm."""
     if state.ready is None:
@@ -35,10 +49,15 @@ async def readyz(state: StateDep, warm: bool = False) -> JSONResponse:
     return JSONResponse({"status": "ready", "model": state.served_name()})
 
 
-@router.get("/v1/status")
-async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
+@router.get("/v1/status", responses=errors(403, 503))
+async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[str, Any]:
+    """Engine, cache, warm sets and a diagnostics summary. Without the admin token (when
+    one is configured) warm sets are counts only: their names, uids and content hashes
+    are on the admin routes."""
     model = ready.model
     cache = ready.engine.cache.stats
+    sets = ready.warm.list()
+    detail = {"warm_sets": [s.model_dump() for s in sets]} if admin else {}
     return {
         "version": __version__,
         "model": {
@@ -53,13 +72,26 @@ async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
             "hit_rate": cache.hit_rate,
             "tokens_saved": cache.tokens_saved,
         },
-        "warm_sets": [s.model_dump() for s in ready.warm.list()],
+        **detail,
+        "warm_set_counts": {
+            "sets": len(sets),
+            "prompts": sum(s.total for s in sets),
+            "warm": sum(s.warm for s in sets),
+            "failed": sum(p.state is PromptState.FAILED for s in sets for p in s.prompts),
+        },
         # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
-        "diagnostics": await run_in_threadpool(ready.diagnostics.summary),
+        "diagnostics": ready.diagnostics.summary(),
     }
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+        **errors(503),
+    },
+)
 async def metrics(ready: ReadyDep) -> Response:
     """Prometheus exposition of the daemon's OpenTelemetry metrics."""
     return Response(ready.telemetry.prometheus_text(), media_type=CONTENT_TYPE_LATEST)

@@ -7,7 +7,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.api.errors import APIError, ErrorResponse
+from warmfleet_daemon.api.errors import APIError
+from warmfleet_daemon.api.openapi import errors
 from warmfleet_daemon.contract import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -18,22 +19,18 @@ from warmfleet_daemon.contract import (
 )
 from warmfleet_daemon.warming import WarmSetError
 
-router = APIRouter(
-    prefix="/v1",
-    dependencies=[AdminDep],
-    responses={
-        400: {"model": ErrorResponse},
-        401: {"model": ErrorResponse},
-        403: {"model": ErrorResponse},
-        404: {"model": ErrorResponse},
-    },
-)
+router = APIRouter(prefix="/v1", dependencies=[AdminDep], responses=errors(401, 403, 503))
 
 Namespace = Path(pattern=DNS_LABEL, max_length=63)
 Name = Path(pattern=DNS_SUBDOMAIN, max_length=253)
 
 
-@router.put("/warm-sets/{namespace}/{name}", status_code=202, response_model=WarmSetStatus)
+@router.put(
+    "/warm-sets/{namespace}/{name}",
+    status_code=202,
+    response_model=WarmSetStatus,
+    responses=errors(400, 409, 413, 422),
+)
 async def put_warm_set(
     spec: WarmSetSpec, ready: ReadyDep, namespace: str = Namespace, name: str = Name
 ) -> WarmSetStatus:
@@ -49,7 +46,9 @@ async def list_warm_sets(ready: ReadyDep) -> WarmSetList:
     return WarmSetList(sets=ready.warm.list())
 
 
-@router.get("/warm-sets/{namespace}/{name}", response_model=WarmSetStatus)
+@router.get(
+    "/warm-sets/{namespace}/{name}", response_model=WarmSetStatus, responses=errors(400, 404)
+)
 async def get_warm_set(
     ready: ReadyDep, namespace: str = Namespace, name: str = Name
 ) -> WarmSetStatus:
@@ -59,12 +58,16 @@ async def get_warm_set(
     return found
 
 
-@router.delete("/warm-sets/{namespace}/{name}")
+@router.delete("/warm-sets/{namespace}/{name}", responses=errors(400, 404))
 async def delete_warm_set(
     ready: ReadyDep, namespace: str = Namespace, name: str = Name
 ) -> JSONResponse:
     """Unpin the set's prompts and drop their cache blocks."""
-    if not ready.warm.delete(namespace, name):
+    try:
+        deleted = ready.warm.delete(namespace, name)
+    except WarmSetError as exc:  # the state could not be saved: nothing was deleted
+        raise APIError(exc.status, exc.message, param=exc.param) from exc
+    if not deleted:
         raise APIError(404, f"warm set {namespace}/{name} not found", code="not_found")
     return JSONResponse({"status": "deleted", "namespace": namespace, "name": name})
 

@@ -23,7 +23,7 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**64, description="0 <= seed < 2**64")
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
     user: str | None = None

@@ -16,7 +16,7 @@ from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
-from warmfleet_daemon.settings import DaemonSettings
+from warmfleet_daemon.settings import DaemonSettings, MiB
 from warmfleet_daemon.state_store import StateStore
 from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.warming import Limits, WarmManager, WarmSetError, read_warm_prompts_file
@@ -85,7 +85,11 @@ class DaemonState:
                 max_message_chars=settings.max_warm_message_chars,
                 max_pinned_fraction=settings.max_pinned_fraction,
             ),
-            store=StateStore(settings.state_dir) if settings.state_dir else None,
+            store=(
+                StateStore(settings.state_dir, max_bytes=settings.max_state_mb * MiB)
+                if settings.state_dir
+                else None
+            ),
         )
         telemetry = Telemetry(
             TelemetryConfig(
@@ -98,6 +102,7 @@ class DaemonState:
         telemetry.observe_warm_sets(warm)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
+        diagnostics.start()
         warm.start()
         warm.restore()
         if settings.warm_prompts:
@@ -121,5 +126,6 @@ class DaemonState:
     def shutdown(self) -> None:
         if self.ready is not None:
             self.ready.warm.stop()
+            self.ready.diagnostics.stop()
             self.ready.engine.stop()
             self.ready.telemetry.shutdown()

@@ -164,8 +164,8 @@ def _cells(row: Comparison, *, with_prompts: bool) -> list[str]:
         "-" if speedup is None else f"{speedup:.2f}x",
         _num(row.tps_a, 1),
         _num(row.tps_b, 1),
-        _pct(row.cached_a),
-        _pct(row.cached_b),
+        _cached(row.cached_a, row.ttft_a),
+        _cached(row.cached_b, row.ttft_b),
     ]
     return cells
 
@@ -189,6 +189,11 @@ def _float(value: Any) -> float | None:
 
 def _num(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _cached(share: float | None, ttft: float | None) -> str:
+    # Requests that succeeded (a TTFT) without a cached share: the server did not say.
+    return "not reported" if share is None and ttft is not None else _pct(share)
 
 
 def _pct(value: float | None) -> str:

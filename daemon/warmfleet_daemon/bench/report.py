@@ -134,7 +134,9 @@ def results_table(bench: BenchRun) -> Table:
         + (f" ({server.software})" if server.software else ""),
         title_justify="left",
         caption="times in ms (medians and 95th percentiles); cached: share of prompt tokens "
-        "served from the cache; server hits: the server's own hit counters over the cell",
+        "served from the cache (not reported: the server's usage has no "
+        "prompt_tokens_details.cached_tokens); server hits: the server's own hit counters "
+        "over the cell",
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -161,7 +163,7 @@ def results_table(bench: BenchRun) -> Table:
             _num(row["ttft_p95_ms"], 1),
             _num(row["tpot_p50_ms"], 1),
             _num(row["e2e_p50_ms"], 1),
-            _pct(row["cached_token_share"]),
+            _cached(row),
             _num(row["output_tokens_per_s"], 1),
             _pct(row["server_hit_rate"]),
         )
@@ -231,6 +233,13 @@ def _ms(seconds: float | None) -> float | None:
 
 def _num(value: Any, digits: int) -> str:
     return "-" if value is None else f"{float(value):,.{digits}f}"
+
+
+def _cached(row: dict[str, Any]) -> str:
+    """The cached share; a server that answered but never said is "not reported"."""
+    if row["cached_token_share"] is None and row["ok"]:
+        return "not reported"
+    return _pct(row["cached_token_share"])
 
 
 def _pct(value: Any) -> str:

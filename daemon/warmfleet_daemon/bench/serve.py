@@ -36,6 +36,7 @@ _PROMETHEUS_COUNTERS = (
     ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
 )
 _POLL_S = 0.25
+DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
 
 ROW_FIELDS = (
     "tag",
@@ -173,7 +174,7 @@ async def run_async(options: BenchOptions, progress: Progress) -> BenchRun:
     async with httpx.AsyncClient(
         base_url=url, limits=limits, timeout=timeout, headers=headers
     ) as client:
-        server = await _probe(client, url, options)
+        server = await _probe(client, url, options, progress)
         bench = BenchRun(
             server,
             options,
@@ -231,7 +232,9 @@ async def run_async(options: BenchOptions, progress: Progress) -> BenchRun:
         return bench
 
 
-async def _probe(client: httpx.AsyncClient, url: str, options: BenchOptions) -> ServerInfo:
+async def _probe(
+    client: httpx.AsyncClient, url: str, options: BenchOptions, progress: Progress
+) -> ServerInfo:
     """Who is there and which model to ask for: GET requests only, nothing cached."""
     try:
         response = await client.get("/v1/models", timeout=30)
@@ -247,14 +250,29 @@ async def _probe(client: httpx.AsyncClient, url: str, options: BenchOptions) -> 
             listing = "gave no model list"
     model = options.model
     if model is None:
-        if len(ids) != 1:
+        if len(ids) > 1:
             raise BenchError(
                 f"GET {url}/v1/models {listing}: pass --model to choose the model to benchmark"
             )
-        model = ids[0]
+        if not ids:
+            # mlx_lm.server without a Hugging Face cache answers 200 with an empty body; it
+            # serves the model it was started with under this name.
+            model = DEFAULT_MODEL
+            progress.note(
+                f"GET {url}/v1/models {listing}: requesting model {DEFAULT_MODEL!r} (the "
+                "model the server was started with); pass --model to choose"
+            )
+        else:
+            model = ids[0]
     software = response.headers.get("server", "")
     status = await _get_json(client, "/v1/status")
-    if isinstance(status, dict) and "warm_sets" in status and "version" in status:
+    if (
+        isinstance(status, dict)
+        and "version" in status
+        and (
+            "warm_sets" in status or "warm_set_counts" in status  # the public status: counts
+        )
+    ):
         software = f"warmfleet {status['version']}"
     source = ""
     for candidate in ("/v1/status", "/metrics"):
