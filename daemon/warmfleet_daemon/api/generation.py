@@ -7,7 +7,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
@@ -18,11 +19,15 @@ from warmfleet_daemon.api.errors import APIError, error_body
 from warmfleet_daemon.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    NamedToolChoice,
     PromptTokensDetails,
     UsageInfo,
 )
 from warmfleet_daemon.api.state import Ready
+from warmfleet_daemon.api.tool_calls import forced_call_grammar, tool_format
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
+from warmfleet_daemon.engine.grammar import GrammarError, json_schema_grammar, lark_grammar
+from warmfleet_daemon.engine.processors import TokenLogprob
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.prompts import PromptError, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
@@ -44,12 +49,86 @@ async def chat_request(
     check_model(ready, body.model)
     messages = [m.as_template_message() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    grammar, stops = await run_in_threadpool(output_constraints, ready, body)
     try:
         prompt = await run_in_threadpool(ready.prompts.chat, messages, tools)
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
-    return _request(ready, prompt, body, max_tokens, settings, "messages", "chat")
+    return _request(
+        ready, prompt, body, max_tokens, settings, "messages", "chat", grammar=grammar, stops=stops
+    )
+
+
+def tool_choice(body: ChatCompletionRequest) -> str | NamedToolChoice:
+    """`none`, `auto`, `required` or a named function; OpenAI's default: `auto` when
+    there are tools."""
+    if body.tool_choice is None:
+        return "auto" if body.tools else "none"
+    return body.tool_choice
+
+
+def output_constraints(
+    ready: Ready, body: ChatCompletionRequest
+) -> tuple[str | None, tuple[str, ...]]:
+    """The grammar the output must follow (a forced tool call or `response_format`) and
+    stop strings the tool settings add. Raises a 400 for combinations that cannot be
+    honoured; compiles the grammar (llguidance) so a bad schema is a 400, not a failed
+    generation."""
+    choice = tool_choice(body)
+    if choice != "none" and not body.tools:
+        raise APIError(400, "tool_choice needs a list of tools", param="tool_choice")
+    fmt = tool_format(ready.model.tokenizer)
+    forced = choice == "required" or isinstance(choice, NamedToolChoice)
+    json_output = body.response_format is not None and body.response_format.type != "text"
+    grammar, param = None, None
+    if forced:
+        if json_output:
+            raise APIError(
+                400,
+                "response_format cannot be combined with a forced tool call (tool_choice)",
+                param="response_format",
+            )
+        if not fmt.json_calls:
+            raise APIError(
+                400,
+                f"this model's tool-call format ({fmt.start}...) cannot be forced; "
+                'use tool_choice "auto"',
+                param="tool_choice",
+            )
+        functions = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
+        if isinstance(choice, NamedToolChoice):
+            functions = [f for f in functions if f["name"] == choice.function.name]
+            if not functions:
+                raise APIError(400, f"no tool named {choice.function.name!r}", param="tool_choice")
+        parallel = body.parallel_tool_calls is not False and not isinstance(choice, NamedToolChoice)
+        grammar, param = (
+            lark_grammar(forced_call_grammar(fmt, functions, parallel=parallel)),
+            ("tool_choice"),
+        )
+    elif json_output:
+        assert body.response_format is not None
+        schema = (
+            body.response_format.json_schema.schema_
+            if body.response_format.json_schema is not None
+            and body.response_format.type == "json_schema"
+            else {"type": "object"}
+        )
+        param = "response_format"
+        try:
+            grammar = json_schema_grammar(schema)
+        except GrammarError as exc:
+            raise APIError(400, f"invalid JSON schema: {exc}", param=param) from exc
+    if grammar is not None:
+        if body.ignore_eos:
+            raise APIError(400, f"ignore_eos cannot be combined with {param}", param="ignore_eos")
+        try:
+            ready.engine.grammars.check(grammar)
+        except GrammarError as exc:
+            raise APIError(400, f"{param} cannot be enforced: {exc}", param=param) from exc
+    # Without parallel calls the first call's closing tag ends the completion.
+    one_call = choice == "auto" and body.parallel_tool_calls is False
+    return grammar, (fmt.end,) if one_call else ()
 
 
 async def completion_request(
@@ -75,6 +154,9 @@ def _request(
     settings: DaemonSettings,
     param: str,
     operation: str,
+    *,
+    grammar: str | None = None,
+    stops: tuple[str, ...] = (),
 ) -> GenerationRequest:
     context = ready.model.context_length
     n = len(prompt.tokens)
@@ -99,10 +181,42 @@ def _request(
         temperature=settings.default_temperature if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
-        stop=body.stop_list(),
+        stop=body.stop_list() + stops,
         ignore_eos=body.ignore_eos,
+        **_processing(ready, body),
+        grammar=grammar,
     )
-    return GenerationRequest(prompt, sampling, operation=operation)
+    return GenerationRequest(prompt, sampling, operation=operation, user=body.user)
+
+
+def _processing(ready: Ready, body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """SamplingParams for logit bias, penalties and logprobs."""
+    vocab = len(ready.model.tokenizer)
+    bias = tuple((int(t), float(b)) for t, b in (body.logit_bias or {}).items())
+    if any(t >= vocab for t, _ in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    if isinstance(body, ChatCompletionRequest):
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        logprobs = body.logprobs
+    return {
+        "logit_bias": bias,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        "repetition_penalty": body.repetition_penalty or 1.0,
+        "logprobs": logprobs,
+    }
+
+
+def copies(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """`n` choices of one prompt. They share its cache: the engine prefills a chunk once
+    and the others find it stored. A seeded request seeds choice i with seed + i."""
+    out = [request]
+    seed = request.sampling.seed
+    for i in range(1, n):
+        sampling = replace(request.sampling, seed=None if seed is None else seed + i)
+        out.append(replace(request, sampling=sampling, request_id=uuid.uuid4().hex))
+    return out
 
 
 def usage_info(usage: Usage | None) -> UsageInfo:
@@ -115,17 +229,53 @@ def usage_info(usage: Usage | None) -> UsageInfo:
     )
 
 
-async def collect(ready: Ready, request: GenerationRequest, http: Request) -> tuple[str, Event]:
-    """Run to completion; give up (and free the batch slot) if the client goes away."""
-    parts: list[str] = []
+@dataclass
+class Collected:
+    """One choice, run to completion."""
 
-    async def consume() -> Event:
-        last: Event | None = None
-        async for event in ready.engine.generate(request):
-            parts.append(event.text)
-            last = event
-        assert last is not None
-        return last
+    text: str = ""
+    final: Event = field(default_factory=lambda: Event(""))
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+async def choice_events(
+    ready: Ready, requests: Sequence[GenerationRequest]
+) -> AsyncIterator[tuple[int, Event]]:
+    """The events of every choice, as they come, tagged with the choice's index.
+    Closing the iterator early cancels the requests still running."""
+    queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+    async def pump(index: int, request: GenerationRequest) -> None:
+        try:
+            async for event in ready.engine.generate(request):
+                queue.put_nowait((index, event))
+        except Exception as exc:  # e.g. a refused submit: this choice fails, visibly
+            queue.put_nowait((index, Event("", finish_reason="error", error=str(exc))))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        running = len(tasks)
+        while running:
+            index, event = await queue.get()
+            running -= event.finish_reason is not None
+            yield index, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def collect(
+    ready: Ready, requests: Sequence[GenerationRequest], http: Request
+) -> list[Collected]:
+    """Run every choice to completion; give up (and free the batch slots) if the client
+    goes away."""
+    out = [Collected() for _ in requests]
+
+    async def consume() -> None:
+        async for index, event in choice_events(ready, requests):
+            out[index].text += event.text
+            out[index].logprobs.extend(event.logprobs)
+            out[index].final = event
 
     task = asyncio.create_task(consume())
     while True:
@@ -135,10 +285,22 @@ async def collect(ready: Ready, request: GenerationRequest, http: Request) -> tu
         if await http.is_disconnected():
             task.cancel()
             raise APIError(499, "client closed the request", code="client_closed")
-    final = task.result()
-    if final.finish_reason == "error":
-        raise APIError(500, f"generation failed: {final.error}", type_="server_error")
-    return "".join(parts), final
+    task.result()
+    for choice in out:
+        if choice.final.finish_reason == "error":
+            raise APIError(500, f"generation failed: {choice.final.error}", type_="server_error")
+    return out
+
+
+def total_usage(finals: Sequence[Event]) -> Usage:
+    """The prompt counted once (choices share it), completions added up; cached tokens
+    as the first choice found them."""
+    usages = [e.usage for e in finals if e.usage is not None]
+    if not usages:
+        return Usage(0, 0, 0)
+    return Usage(
+        usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens
+    )
 
 
 def new_id(prefix: str) -> str:
@@ -147,31 +309,37 @@ def new_id(prefix: str) -> str:
 
 def streaming_response(
     ready: Ready,
-    request: GenerationRequest,
+    requests: Sequence[GenerationRequest],
     *,
     base: dict[str, Any],
-    choice: Callable[[str, str | None], dict[str, Any]],
-    first: dict[str, Any] | None,
+    choice: Callable[[int], Callable[[Event], list[dict[str, Any]]]],
+    first: Callable[[int], dict[str, Any]] | None,
     include_usage: bool,
 ) -> StreamingResponse:
-    """OpenAI server-sent events: `base` fields on every chunk, one choice per event
-    (`first`: an opening choice, e.g. the assistant role), the usage chunk last when
-    asked. Closing the stream (client gone) cancels the request."""
+    """OpenAI server-sent events: `base` fields on every chunk; `choice(i)` turns choice
+    i's events into its chunks' choice objects (`first(i)`: an opening one, e.g. the
+    assistant role); the usage chunk last when asked. Closing the stream (client gone)
+    cancels the requests."""
 
     async def events() -> AsyncIterator[bytes]:
         if first is not None:
-            yield _data({**base, "choices": [first]}, include_usage)
-        async for event in ready.engine.generate(request):
+            for i in range(len(requests)):
+                yield _data({**base, "choices": [first(i)]}, include_usage)
+        renderers = [choice(i) for i in range(len(requests))]
+        finals: dict[int, Event] = {}
+        failed = False
+        async for index, event in choice_events(ready, requests):
             if event.finish_reason == "error":
                 yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
+                failed = True
                 break
-            if event.text:
-                yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
+            for rendered in renderers[index](event):
+                yield _data({**base, "choices": [rendered]}, include_usage)
             if event.finish_reason is not None:
-                yield _data({**base, "choices": [choice("", event.finish_reason)]}, include_usage)
-                if include_usage:
-                    usage = usage_info(event.usage).model_dump()
-                    yield _data({**base, "choices": [], "usage": usage}, False)
+                finals[index] = event
+        if include_usage and not failed:
+            usage = usage_info(total_usage([finals[i] for i in sorted(finals)])).model_dump()
+            yield _data({**base, "choices": [], "usage": usage}, False)
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -9,16 +9,19 @@ schemas and Lark grammars (tool calls) lazily, with no per-schema index to build
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
 import mlx.core as mx
 import numpy as np
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # The JSON the model is made to write: one line, with the separators of Python's
 # json.dumps (what chat models imitate); flexible whitespace lets a model pad forever.
-JSON_OPTIONS: dict[str, Any] = {
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import (
@@ -86,10 +86,11 @@ class SequenceProcessors:
         if self.top_logprobs > 0:
             k = min(self.top_logprobs, logprobs.shape[-1])
             ids = mx.argpartition(-logprobs, k - 1)[:k]
-            values = logprobs[ids]
-            pairs = sorted(zip(ids.tolist(), values.tolist()), key=lambda p: -p[1])
-            top = tuple((int(i), float(v)) for i, v in pairs if math.isfinite(v))
-        return TokenLogprob(token, float(logprobs[token].item()), top)
+            id_list = cast(list[int], ids.tolist())
+            value_list = cast(list[float], logprobs[ids].tolist())
+            pairs = sorted(zip(id_list, value_list), key=lambda p: -p[1])
+            top = tuple((i, v) for i, v in pairs if math.isfinite(v))
+        return TokenLogprob(token, cast(float, logprobs[token].item()), top)
 
     def accept(self, token: int) -> str | None:
         """Record a sampled token; an error message if the grammar refused it."""
