@@ -542,6 +542,8 @@ class Engine:
             seq.first_token_at = now
         params = seq.request.sampling
         if token in self._eos and not params.ignore_eos:
+            if seq.pending_logprobs and seq.pending_logprobs[-1].token == token:
+                seq.pending_logprobs.pop()  # like its text, EOS is not part of the output
             seq.detokenizer.finalize()
             text = seq.detokenizer.last_segment + seq.stops.flush()
             self._finish(seq, "stop", text, token)
