@@ -63,15 +63,17 @@ class SequenceProcessors:
         )
 
     def process(self, logits: mx.array) -> mx.array:
-        """A (1, vocab) row of logits, processed for this sequence's next token."""
-        if self._on_completion and self._generated:
-            completion = mx.array(self._generated)
-            for processor in self._on_completion:
-                logits = processor(completion, logits)
+        """A (1, vocab) row of logits, processed for this sequence's next token (in
+        mlx-lm's order: bias, repetition, presence, frequency)."""
+        logits = mx.array(logits)  # some of mlx-lm's processors assign in place
         if self._on_context:
             context = mx.array([*self._prompt, *self._generated])
             for processor in self._on_context:
                 logits = processor(context, logits)
+        if self._on_completion and self._generated:
+            completion = mx.array(self._generated)
+            for processor in self._on_completion:
+                logits = processor(completion, logits)
         if self._mask is not None:
             logits = self._mask.apply(logits)
         return logits
