@@ -70,7 +70,8 @@ def scripted_engine(tokenizer: Any, script: str, **kw: Any) -> Engine:
 @contextmanager
 def serve(engine: Engine) -> Iterator[str]:
     """The daemon's app on a real HTTP port (uvicorn in a thread); yields its base URL."""
-    app = create_app(DaemonSettings(model=NAME), engine=engine)
+    # Greedy unless a request says otherwise: what a mask leaves is chosen deterministically.
+    app = create_app(DaemonSettings(model=NAME, default_temperature=0.0), engine=engine)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -7,7 +7,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -240,7 +241,7 @@ class Collected:
 
 async def choice_events(
     ready: Ready, requests: Sequence[GenerationRequest]
-) -> AsyncIterator[tuple[int, Event]]:
+) -> AsyncGenerator[tuple[int, Event], None]:
     """The events of every choice, as they come, tagged with the choice's index.
     Closing the iterator early cancels the requests still running."""
     queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -272,10 +273,11 @@ async def collect(
     out = [Collected() for _ in requests]
 
     async def consume() -> None:
-        async for index, event in choice_events(ready, requests):
-            out[index].text += event.text
-            out[index].logprobs.extend(event.logprobs)
-            out[index].final = event
+        async with aclosing(choice_events(ready, requests)) as events:
+            async for index, event in events:
+                out[index].text += event.text
+                out[index].logprobs.extend(event.logprobs)
+                out[index].final = event
 
     task = asyncio.create_task(consume())
     while True:
@@ -328,15 +330,17 @@ def streaming_response(
         renderers = [choice(i) for i in range(len(requests))]
         finals: dict[int, Event] = {}
         failed = False
-        async for index, event in choice_events(ready, requests):
-            if event.finish_reason == "error":
-                yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
-                failed = True
-                break
-            for rendered in renderers[index](event):
-                yield _data({**base, "choices": [rendered]}, include_usage)
-            if event.finish_reason is not None:
-                finals[index] = event
+        async with aclosing(choice_events(ready, requests)) as stream:
+            async for index, event in stream:
+                if event.finish_reason == "error":
+                    error = error_body(f"generation failed: {event.error}", "server_error")
+                    yield _data(error, False)
+                    failed = True
+                    break
+                for rendered in renderers[index](event):
+                    yield _data({**base, "choices": [rendered]}, include_usage)
+                if event.finish_reason is not None:
+                    finals[index] = event
         if include_usage and not failed:
             usage = usage_info(total_usage([finals[i] for i in sorted(finals)])).model_dump()
             yield _data({**base, "choices": [], "usage": usage}, False)
