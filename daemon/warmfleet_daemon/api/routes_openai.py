@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from warmfleet_daemon.api import choices
 from warmfleet_daemon.api import generation as gen
+from warmfleet_daemon.api.constraints import tool_choice
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.errors import ErrorResponse
 from warmfleet_daemon.api.schemas import (
@@ -34,7 +35,7 @@ async def chat_completions(
     requests = gen.copies(request, body.n)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
     token_bytes = await _token_bytes(ready, bool(body.logprobs))
-    parse_tools = gen.tool_choice(body) != "none"
+    parse_tools = tool_choice(body) != "none"
     fmt = tool_format(ready.model.tokenizer)
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
 
