@@ -97,3 +97,27 @@ def test_penalties_follow_openai_and_vllm() -> None:
     procs.accept(2)
     assert procs.process(row).tolist() == [[1.0, -4.0, 0.0, 2.0]]
     assert row.tolist() == [[2.0, -2.0, 2.0, 2.0]]
+
+
+def test_a_failing_processor_fails_its_sequence_alone(tiny, make_engine) -> None:
+    engine = make_engine(tiny)
+    tokens = prompts(2)
+    expected = tokens_of(run(make_engine(tiny), request(tokens))[0])
+    bad, good = [], []
+    engine.submit(request(tokens, sampling=greedy(12, logprobs=1)), bad.append)
+
+    processors = engine._inbox[-1].processors
+    works, calls = processors.process, []
+
+    def boom(row):  # fails in the third decode step, batched with `good`
+        calls.append(row)
+        if len(calls) == 4:
+            raise RuntimeError("processor bug")
+        return works(row)
+
+    processors.process = boom
+    engine.submit(request(tokens), good.append)
+    engine.run_until_idle()
+    assert bad[-1].finish_reason == "error" and "processor bug" in bad[-1].error
+    assert len(tokens_of(bad)) >= 2
+    assert good[-1].finish_reason == "length" and tokens_of(good) == expected

@@ -132,6 +132,7 @@ class _Sequence:
     skipped: int = 0
     final_logits: mx.array | None = None  # (1, vocab) at the prompt's last token
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
+    processing_error: str | None = None
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -517,10 +518,7 @@ class Engine:
         if not any(s.processors.active for s in seqs):
             sampled = mx.stack([s.sampler.sample(logits[i]) for i, s in enumerate(seqs)])
             return cast(list[int], sampled.tolist())
-        rows = [
-            s.processors.process(logits[i : i + 1])[0] if s.processors.active else logits[i]
-            for i, s in enumerate(seqs)
-        ]
+        rows = [self._process(s, logits[i : i + 1]) for i, s in enumerate(seqs)]
         tokens = cast(
             list[int], mx.stack([s.sampler.sample(r) for s, r in zip(seqs, rows)]).tolist()
         )
@@ -530,7 +528,23 @@ class Engine:
                 seq.pending_logprobs.append(entry)
         return tokens
 
+    @staticmethod
+    def _process(seq: _Sequence, row: mx.array) -> mx.array:
+        """The sequence's processed (vocab,) row; if its processors fail, the raw row,
+        and the sequence fails alone (its batch neighbours go on)."""
+        if not seq.processors.active or seq.processing_error is not None:
+            return row[0]
+        try:
+            return seq.processors.process(row)[0]
+        except Exception as exc:
+            log.exception("logits processing failed for request %s", seq.request.request_id)
+            seq.processing_error = f"{type(exc).__name__}: {exc}"
+            return row[0]
+
     def _accept(self, seq: _Sequence, token: int, now: float) -> None:
+        if seq.processing_error is not None:
+            self._finish(seq, "error", "", error=f"logits processing: {seq.processing_error}")
+            return
         seq.generated.append(token)
         refused = seq.processors.accept(token) if token not in self._eos else None
         if refused is not None:
