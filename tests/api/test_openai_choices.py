@@ -85,3 +85,25 @@ def test_user_is_recorded_in_the_logs(client, caplog) -> None:
         )
         assert r.status_code == 200
     assert any("'agent-7'" in record.getMessage() for record in caplog.records)
+
+
+def test_chat_logprobs_streamed_match_the_whole_response(client) -> None:
+    body = {
+        "model": "tiny-random",
+        "messages": MESSAGES,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]
+    r = client.post("/v1/chat/completions", json={**body, "stream": True})
+    streamed = [
+        entry
+        for e in events(r.text)
+        for c in e["choices"]
+        if c["logprobs"]
+        for entry in c["logprobs"]["content"]
+    ]
+    assert streamed == whole["content"] and len(streamed) == 6
+    assert all(len(entry["top_logprobs"]) == 2 for entry in streamed)
