@@ -93,6 +93,21 @@ def test_streamed_tool_calls_arrive_as_deltas_and_never_leak_the_markup(client) 
     assert [ch.choices[0].finish_reason for ch in chunks][-1] == "tool_calls"
 
 
+def test_a_call_cut_short_by_max_tokens_is_still_parsed_and_finishes_with_length(client) -> None:
+    c = client(f"{CALL}\n{CALL}")
+    cut = len(model("tiny-random").tokenizer.encode(f"{CALL}\n{CALL}")) - 2
+    r = c.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=cut)
+    assert r.choices[0].finish_reason == "length"
+    assert [tc.function.name for tc in r.choices[0].message.tool_calls] == ["get_weather"] * 2
+    one = len(model("tiny-random").tokenizer.encode(CALL))
+    r = c.chat.completions.create(
+        model="scripted", messages=ASK, tools=[WEATHER], max_tokens=one + 10
+    )
+    # The second call's JSON is incomplete: it comes back as text, as written.
+    assert len(r.choices[0].message.tool_calls) == 1
+    assert r.choices[0].message.content.startswith("\n<tool_call>\n{")
+
+
 def test_tool_choice_none_returns_the_text_and_parallel_false_keeps_one_call(client) -> None:
     c = client(f"{CALL}\n{CALL}")
     r = c.chat.completions.create(

@@ -98,7 +98,9 @@ class ToolCallParser:
         self._state, rest, current = TextStateMachine.flush(self._state)
         content, calls = self._segments([(current, rest)])
         if current == "tool" and self._call_text:
-            more, text = self._parse(self._call_text, closed=False)
+            more, text = self._parse(_without_partial(self._call_text, self._fmt.end), closed=False)
+            if not more:  # give back exactly what the model wrote
+                text = self._fmt.start + self._call_text
             calls.extend(more)
             content += text
             self._call_text = ""
@@ -145,3 +147,11 @@ class ToolCallParser:
             )
         self.calls += len(out)
         return out, ""
+
+
+def _without_partial(text: str, marker: str) -> str:
+    """`text` without a trailing proper prefix of `marker` (a closing tag cut short)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return text[:-k]
+    return text
