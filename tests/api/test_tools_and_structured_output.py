@@ -255,6 +255,9 @@ def test_unsupported_parameters_are_refused_by_name(client, name) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         c.chat.completions.create(model="scripted", messages=ASK, extra_body={name: True})
     assert err.value.body["param"] == name and name in err.value.body["message"]
+    if name == "store":  # nothing is stored: `store: false` is what happens
+        r = c.chat.completions.create(model="scripted", messages=ASK, store=False)
+        assert r.choices[0].message.content == "x"
 
 
 @pytest.mark.parametrize(

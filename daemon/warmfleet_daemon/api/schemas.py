@@ -62,6 +62,14 @@ class _SamplingFields(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM extension
+    store: bool | None = Field(None, description="false or null: nothing is stored")
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_stored(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("this server does not store completions")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
