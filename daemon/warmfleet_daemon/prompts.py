@@ -172,6 +172,7 @@ class PromptBuilder:
     def _with_tools(
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[Sequence[Message], Sequence[Mapping[str, Any]] | None]:
+        messages = tool_history(messages, self.template_handles_tools)
         if not tools or self.template_handles_tools:
             return messages, tools
         block = _TOOLS_PREAMBLE + "\n".join(json.dumps(t) for t in tools) + _TOOLS_POSTAMBLE
@@ -244,3 +245,53 @@ def _common_prefix(sequences: Sequence[Sequence[int]]) -> int:
         if any(s[i] != first[i] for s in sequences[1:]):
             return i
     return n
+
+
+def tool_history(messages: Sequence[Message], template_handles_tools: bool) -> list[Message]:
+    """Assistant tool calls and tool results, ready for the template: arguments as
+    objects (what templates with tool support expect, as in mlx-lm's server); for
+    templates without, the Hermes convention the tools preamble announces (calls in
+    <tool_call> tags, results in a user turn in <tool_response> tags)."""
+    out: list[Message] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [_call_with_object_arguments(c) for c in calls]
+            if template_handles_tools:
+                message = {**message, "tool_calls": calls}
+            else:
+                text = "\n".join(
+                    "<tool_call>\n"
+                    + json.dumps(
+                        {
+                            "name": (c.get("function") or {}).get("name"),
+                            "arguments": (c.get("function") or {}).get("arguments"),
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n</tool_call>"
+                    for c in calls
+                )
+                content = message.get("content") or ""
+                message = {k: v for k, v in message.items() if k != "tool_calls"} | {
+                    "content": f"{content}\n{text}" if content else text
+                }
+        elif message.get("role") == "tool" and not template_handles_tools:
+            message = {
+                "role": "user",
+                "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>",
+            }
+        out.append(message)
+    return out
+
+
+def _call_with_object_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        raise PromptError(f"tool call arguments are not valid JSON: {exc}") from exc
+    return {**call, "function": {**function, "arguments": parsed}}  # type: ignore[dict-item]

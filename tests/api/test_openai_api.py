@@ -140,10 +140,10 @@ BAD_BODIES = [
         id="temperature-range",
     ),
     pytest.param(
-        {"model": "tiny-random", "messages": [{"role": "user", "content": "x"}], "n": 2},
+        {"model": "tiny-random", "messages": [{"role": "user", "content": "x"}], "n": 17},
         400,
         "n",
-        id="n-2",
+        id="n-over-16",
     ),
     pytest.param(
         {

@@ -79,3 +79,70 @@ def test_errors_surface_as_openai_exceptions(client) -> None:
         client.chat.completions.create(
             model="gpt-9", messages=[{"role": "user", "content": "x"}], max_tokens=1
         )
+
+
+RELEASE = {
+    "type": "object",
+    "properties": {
+        "service": {"type": "string", "maxLength": 40},
+        "replicas": {"type": "integer", "minimum": 1, "maximum": 10},
+        "canary": {"type": "boolean"},
+    },
+    "required": ["service", "replicas", "canary"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.embedded
+def test_the_embedded_model_writes_valid_json_under_a_json_schema(client) -> None:
+    import json
+
+    import jsonschema
+
+    r = client.chat.completions.create(
+        model="default",
+        messages=[
+            {"role": "system", "content": "You describe deployments as JSON."},
+            {"role": "user", "content": "Deploy the checkout service with 3 replicas, no canary."},
+        ],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "release", "schema": RELEASE, "strict": True},
+        },
+        temperature=0,
+        max_tokens=80,
+    )
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), RELEASE)
+
+
+@pytest.mark.embedded
+def test_the_embedded_model_calls_a_tool_when_required(client) -> None:
+    import json
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 40}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    r = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=60,
+    )
+    assert r.choices[0].finish_reason == "tool_calls"
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)

@@ -98,6 +98,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
             loc = []
+        elif first.get("type") == "extra_forbidden":
+            message = f"{'.'.join(loc)}: this parameter is not supported by this server"
         else:
             message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
         return JSONResponse(

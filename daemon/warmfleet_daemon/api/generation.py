@@ -9,13 +9,16 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from warmfleet_daemon.api.constraints import output_constraints
 from warmfleet_daemon.api.errors import APIError, error_body
 from warmfleet_daemon.api.schemas import (
     ChatCompletionRequest,
@@ -25,6 +28,7 @@ from warmfleet_daemon.api.schemas import (
 )
 from warmfleet_daemon.api.state import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
+from warmfleet_daemon.engine.processors import TokenLogprob
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.prompts import PromptError, PromptTooLong, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
@@ -52,6 +56,7 @@ async def chat_request(
     messages = [m.as_template_message() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     context = ready.model.context_length
+    grammar, stops = await run_in_threadpool(output_constraints, ready, body)
     try:
         prompt = await _while_connected(
             http, ready.prompts.chat, messages, tools, max_tokens=context
@@ -67,7 +72,9 @@ async def chat_request(
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
-    return _request(ready, prompt, body, max_tokens, settings, "messages", "chat")
+    return _request(
+        ready, prompt, body, max_tokens, settings, "messages", "chat", grammar=grammar, stops=stops
+    )
 
 
 async def _while_connected(
@@ -110,6 +117,9 @@ def _request(
     settings: DaemonSettings,
     param: str,
     operation: str,
+    *,
+    grammar: str | None = None,
+    stops: tuple[str, ...] = (),
 ) -> GenerationRequest:
     context = ready.model.context_length
     n = len(prompt.tokens)
@@ -134,10 +144,42 @@ def _request(
         temperature=settings.default_temperature if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
-        stop=body.stop_list(),
+        stop=body.stop_list() + stops,
         ignore_eos=body.ignore_eos,
+        **_processing(ready, body),
+        grammar=grammar,
     )
-    return GenerationRequest(prompt, sampling, operation=operation)
+    return GenerationRequest(prompt, sampling, operation=operation, user=body.user)
+
+
+def _processing(ready: Ready, body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """SamplingParams for logit bias, penalties and logprobs."""
+    vocab = len(ready.model.tokenizer)
+    bias = tuple((int(t), float(b)) for t, b in (body.logit_bias or {}).items())
+    if any(t >= vocab for t, _ in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    if isinstance(body, ChatCompletionRequest):
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        logprobs = body.logprobs
+    return {
+        "logit_bias": bias,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        "repetition_penalty": body.repetition_penalty or 1.0,
+        "logprobs": logprobs,
+    }
+
+
+def copies(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """`n` choices of one prompt. They share its cache: the engine prefills a chunk once
+    and the others find it stored. A seeded request seeds choice i with seed + i."""
+    out = [request]
+    seed = request.sampling.seed
+    for i in range(1, n):
+        sampling = replace(request.sampling, seed=None if seed is None else seed + i)
+        out.append(replace(request, sampling=sampling, request_id=uuid.uuid4().hex))
+    return out
 
 
 def usage_info(usage: Usage | None) -> UsageInfo:
@@ -150,17 +192,54 @@ def usage_info(usage: Usage | None) -> UsageInfo:
     )
 
 
-async def collect(ready: Ready, request: GenerationRequest, http: Request) -> tuple[str, Event]:
-    """Run to completion; give up (and free the batch slot) if the client goes away."""
-    parts: list[str] = []
+@dataclass
+class Collected:
+    """One choice, run to completion."""
 
-    async def consume() -> Event:
-        last: Event | None = None
-        async for event in ready.engine.generate(request):
-            parts.append(event.text)
-            last = event
-        assert last is not None
-        return last
+    text: str = ""
+    final: Event = field(default_factory=lambda: Event(""))
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+async def choice_events(
+    ready: Ready, requests: Sequence[GenerationRequest]
+) -> AsyncGenerator[tuple[int, Event], None]:
+    """The events of every choice, as they come, tagged with the choice's index.
+    Closing the iterator early cancels the requests still running."""
+    queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+    async def pump(index: int, request: GenerationRequest) -> None:
+        try:
+            async for event in ready.engine.generate(request):
+                queue.put_nowait((index, event))
+        except Exception as exc:  # e.g. a refused submit: this choice fails, visibly
+            queue.put_nowait((index, Event("", finish_reason="error", error=str(exc))))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        running = len(tasks)
+        while running:
+            index, event = await queue.get()
+            running -= event.finish_reason is not None
+            yield index, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def collect(
+    ready: Ready, requests: Sequence[GenerationRequest], http: Request
+) -> list[Collected]:
+    """Run every choice to completion; give up (and free the batch slots) if the client
+    goes away."""
+    out = [Collected() for _ in requests]
+
+    async def consume() -> None:
+        async with aclosing(choice_events(ready, requests)) as events:
+            async for index, event in events:
+                out[index].text += event.text
+                out[index].logprobs.extend(event.logprobs)
+                out[index].final = event
 
     task = asyncio.create_task(consume())
     while True:
@@ -170,10 +249,22 @@ async def collect(ready: Ready, request: GenerationRequest, http: Request) -> tu
         if await http.is_disconnected():
             task.cancel()
             raise APIError(499, "client closed the request", code="client_closed")
-    final = task.result()
-    if final.finish_reason == "error":
-        raise APIError(500, f"generation failed: {final.error}", type_="server_error")
-    return "".join(parts), final
+    task.result()
+    for choice in out:
+        if choice.final.finish_reason == "error":
+            raise APIError(500, f"generation failed: {choice.final.error}", type_="server_error")
+    return out
+
+
+def total_usage(finals: Sequence[Event]) -> Usage:
+    """The prompt counted once (choices share it), completions added up; cached tokens
+    as the first choice found them."""
+    usages = [e.usage for e in finals if e.usage is not None]
+    if not usages:
+        return Usage(0, 0, 0)
+    return Usage(
+        usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens
+    )
 
 
 def new_id(prefix: str) -> str:
@@ -182,31 +273,39 @@ def new_id(prefix: str) -> str:
 
 def streaming_response(
     ready: Ready,
-    request: GenerationRequest,
+    requests: Sequence[GenerationRequest],
     *,
     base: dict[str, Any],
-    choice: Callable[[str, str | None], dict[str, Any]],
-    first: dict[str, Any] | None,
+    choice: Callable[[int], Callable[[Event], list[dict[str, Any]]]],
+    first: Callable[[int], dict[str, Any]] | None,
     include_usage: bool,
 ) -> StreamingResponse:
-    """OpenAI server-sent events: `base` fields on every chunk, one choice per event
-    (`first`: an opening choice, e.g. the assistant role), the usage chunk last when
-    asked. Closing the stream (client gone) cancels the request."""
+    """OpenAI server-sent events: `base` fields on every chunk; `choice(i)` turns choice
+    i's events into its chunks' choice objects (`first(i)`: an opening one, e.g. the
+    assistant role); the usage chunk last when asked. Closing the stream (client gone)
+    cancels the requests."""
 
     async def events() -> AsyncGenerator[bytes, None]:
         if first is not None:
-            yield _data({**base, "choices": [first]}, include_usage)
-        async for event in ready.engine.generate(request):
-            if event.finish_reason == "error":
-                yield _data(error_body(f"generation failed: {event.error}", "server_error"), False)
-                break
-            if event.text:
-                yield _data({**base, "choices": [choice(event.text, None)]}, include_usage)
-            if event.finish_reason is not None:
-                yield _data({**base, "choices": [choice("", event.finish_reason)]}, include_usage)
-                if include_usage:
-                    usage = usage_info(event.usage).model_dump()
-                    yield _data({**base, "choices": [], "usage": usage}, False)
+            for i in range(len(requests)):
+                yield _data({**base, "choices": [first(i)]}, include_usage)
+        renderers = [choice(i) for i in range(len(requests))]
+        finals: dict[int, Event] = {}
+        failed = False
+        async with aclosing(choice_events(ready, requests)) as stream:
+            async for index, event in stream:
+                if event.finish_reason == "error":
+                    error = error_body(f"generation failed: {event.error}", "server_error")
+                    yield _data(error, False)
+                    failed = True
+                    break
+                for rendered in renderers[index](event):
+                    yield _data({**base, "choices": [rendered]}, include_usage)
+                if event.finish_reason is not None:
+                    finals[index] = event
+        if include_usage and not failed:
+            usage = usage_info(total_usage([finals[i] for i in sorted(finals)])).model_dump()
+            yield _data({**base, "choices": [], "usage": usage}, False)
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(

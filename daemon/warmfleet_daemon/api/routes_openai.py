@@ -5,21 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
+from warmfleet_daemon.api import choices
 from warmfleet_daemon.api import generation as gen
+from warmfleet_daemon.api.constraints import tool_choice
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
 from warmfleet_daemon.api.schemas import (
-    AssistantMessage,
-    ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
-    CompletionChoice,
     CompletionRequest,
     ModelCard,
     ModelList,
 )
+from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
 
 router = APIRouter(prefix="/v1", responses=errors(503))
 # A generation route: JSON, or server-sent events with `stream: true`.
@@ -34,35 +35,37 @@ async def chat_completions(
     body: ChatCompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
     request = await gen.chat_request(ready, body, state.settings, http)
+    requests = gen.copies(request, body.n)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
+    token_bytes = await _token_bytes(ready, bool(body.logprobs))
+    parse_tools = tool_choice(body) != "none"
+    fmt = tool_format(ready.model.tokenizer)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+
+    def parser() -> ToolCallParser | None:
+        return ToolCallParser(fmt, tools) if parse_tools else None
+
     if body.stream:
         return gen.streaming_response(
             ready,
-            request,
+            requests,
             base={"id": rid, "object": "chat.completion.chunk", "created": created, "model": model},
-            choice=lambda text, finish: {
-                "index": 0,
-                "delta": {"content": text} if text else {},
-                "finish_reason": finish,
-                "logprobs": None,
-            },
-            first={
-                "index": 0,
+            choice=lambda i: choices.chat_deltas(i, parser(), token_bytes),
+            first=lambda i: {
+                "index": i,
                 "delta": {"role": "assistant", "content": ""},
                 "finish_reason": None,
                 "logprobs": None,
             },
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
-    text, final = await gen.collect(ready, request, http)
+    done = await gen.collect(ready, requests, http)
     return ChatCompletion(
         id=rid,
         created=created,
         model=model,
-        choices=[
-            ChatChoice(message=AssistantMessage(content=text), finish_reason=final.finish_reason)
-        ],
-        usage=gen.usage_info(final.usage),
+        choices=[choices.chat_choice(i, c, parser(), token_bytes) for i, c in enumerate(done)],
+        usage=gen.usage_info(gen.total_usage([c.final for c in done])),
     )
 
 
@@ -71,29 +74,35 @@ async def completions(
     body: CompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
     request = await gen.completion_request(ready, body, state.settings)
+    requests = gen.copies(request, body.n)
     rid, created, model = gen.new_id("cmpl"), gen.created(), state.served_name()
+    token_bytes = await _token_bytes(ready, body.logprobs is not None)
     if body.stream:
         return gen.streaming_response(
             ready,
-            request,
+            requests,
             base={"id": rid, "object": "text_completion", "created": created, "model": model},
-            choice=lambda text, finish: {
-                "index": 0,
-                "text": text,
-                "finish_reason": finish,
-                "logprobs": None,
-            },
+            choice=lambda i: choices.completion_deltas(i, token_bytes),
             first=None,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
-    text, final = await gen.collect(ready, request, http)
+    done = await gen.collect(ready, requests, http)
     return Completion(
         id=rid,
         created=created,
         model=model,
-        choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)],
-        usage=gen.usage_info(final.usage),
+        choices=[choices.completion_choice(i, c, token_bytes) for i, c in enumerate(done)],
+        usage=gen.usage_info(gen.total_usage([c.final for c in done])),
     )
+
+
+async def _token_bytes(ready: ReadyDep, wanted: bool) -> choices.TokenBytes | None:
+    """Token id -> its exact bytes, for logprobs (the tokenizer view is built once)."""
+    if not wanted:
+        return None
+    grammars = ready.engine.grammars
+    await run_in_threadpool(lambda: grammars.ll_tokenizer)
+    return grammars.token_bytes
 
 
 @router.get("/models", response_model=ModelList)

@@ -4,17 +4,48 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from warmfleet_daemon.contract import ChatMessage, ToolDefinition
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`text`, `json_object` (any JSON object) or `json_schema`: enforced while decoding."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema is required when type is json_schema")
+        return self
+
+
+class NamedFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Parameters not declared here are refused with a 400 naming them (never ignored).
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -24,9 +55,31 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**64, description="0 <= seed < 2**64")
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: int = Field(1, ge=1, le=16, description="choices per request; they share the prompt's cache")
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
-    user: str | None = None
+    user: str | None = Field(None, max_length=256, description="recorded in the daemon's logs")
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM extension
+    store: bool | None = Field(None, description="false or null: nothing is stored")
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_stored(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("this server does not store completions")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_values(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys must be token ids; got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100]; got {bias}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -45,29 +98,31 @@ class _SamplingFields(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
-    tool_choice: Any = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("logprobs are not supported")
-        return value
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
 
-    @field_validator("echo", "suffix", "logprobs")
+    @field_validator("echo", "suffix")
     @classmethod
     def _unsupported(cls, value: Any) -> Any:
         if value:
-            raise ValueError("echo, suffix and logprobs are not supported")
+            raise ValueError("echo and suffix are not supported")
         return value
 
     def single_prompt(self) -> str | list[int]:
@@ -93,16 +148,42 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON document, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobInfo(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobInfo] | None
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -115,11 +196,18 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

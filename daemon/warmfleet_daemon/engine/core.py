@@ -31,6 +31,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from warmfleet_daemon.chunking import Chunk, plan_chunks, root_key
 from warmfleet_daemon.engine import attention, kv
+from warmfleet_daemon.engine.grammar import GrammarCompiler, GrammarError
+from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
 from warmfleet_daemon.engine.stops import StopStringFilter
 from warmfleet_daemon.models.loader import LoadedModel
@@ -78,6 +80,7 @@ class Event:
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens since the previous event
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class GenerationRequest:
     prefill_only: bool = False
     pin: bool = False
     operation: str = "chat"  # gen_ai.operation.name: chat | text_completion
+    user: str | None = None  # the client's end-user id (OpenAI `user`), for the logs
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ class _Sequence:
     sampler: Sampler
     detokenizer: Any
     stops: StopStringFilter
+    processors: SequenceProcessors
     caches: list[Any] | None = None
     next_chunk: int = 0
     cached_tokens: int = 0
@@ -126,6 +131,8 @@ class _Sequence:
     first_token_at: float | None = None
     skipped: int = 0
     final_logits: mx.array | None = None  # (1, vocab) at the prompt's last token
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
+    processing_error: str | None = None
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -194,6 +201,7 @@ class Engine:
         self._generated_total = 0
         self._prefill_total = 0
         self._bytes_per_token, self._bytes_per_block = self._measure_block_bytes()
+        self.grammars = GrammarCompiler(loaded.tokenizer)
         # Called on the engine thread with each finished request (telemetry).
         self.observers: list[Callable[[GenerationRequest, Event], None]] = []
 
@@ -223,6 +231,11 @@ class Engine:
             raise EngineError(
                 f"prompt has {len(tokens)} tokens; the context is {self.loaded.context_length}"
             )
+        grammar = request.sampling.grammar
+        try:
+            mask = self.grammars.mask(grammar) if grammar is not None else None
+        except GrammarError as exc:
+            raise EngineError(f"invalid grammar: {exc}") from exc
         seq = _Sequence(
             request=request,
             sink=sink,
@@ -232,6 +245,7 @@ class Engine:
             sampler=Sampler(request.sampling),
             detokenizer=self.loaded.tokenizer.detokenizer,
             stops=StopStringFilter(request.sampling.stop),
+            processors=SequenceProcessors(request.sampling, tokens, mask),
         )
         with self._lock:
             self._inbox.append(seq)
@@ -427,7 +441,7 @@ class Engine:
         self._prefilling.remove(seq)
         self._decoding.append(seq)
         assert seq.final_logits is not None
-        token = cast(int, seq.sampler.sample(seq.final_logits[0]).item())
+        token = self._sample([seq], seq.final_logits)[0]
         seq.final_logits = None
         self._accept(seq, token, time.perf_counter())
 
@@ -490,8 +504,7 @@ class Engine:
                     for i, s in enumerate(seqs)
                 ]
             )
-        sampled = mx.stack([s.sampler.sample(logits[i]) for i, s in enumerate(seqs)])
-        token_ids = cast(list[int], sampled.tolist())
+        token_ids = self._sample(seqs, logits)
         now = time.perf_counter()
         self._decode_steps += 1
         if self._decode_steps % _CLEAR_EVERY == 0:
@@ -499,14 +512,52 @@ class Engine:
         for seq, token in zip(seqs, token_ids):
             self._accept(seq, token, now)
 
+    def _sample(self, seqs: list[_Sequence], logits: mx.array) -> list[int]:
+        """One token per sequence from its row of `logits` (batch, vocab), through the
+        sequence's own processors when it has any."""
+        if not any(s.processors.active for s in seqs):
+            sampled = mx.stack([s.sampler.sample(logits[i]) for i, s in enumerate(seqs)])
+            return cast(list[int], sampled.tolist())
+        rows = [self._process(s, logits[i : i + 1]) for i, s in enumerate(seqs)]
+        tokens = cast(
+            list[int], mx.stack([s.sampler.sample(r) for s, r in zip(seqs, rows)]).tolist()
+        )
+        for seq, row, token in zip(seqs, rows, tokens):
+            entry = seq.processors.logprob(row, token)
+            if entry is not None:
+                seq.pending_logprobs.append(entry)
+        return tokens
+
+    @staticmethod
+    def _process(seq: _Sequence, row: mx.array) -> mx.array:
+        """The sequence's processed (vocab,) row; if its processors fail, the raw row,
+        and the sequence fails alone (its batch neighbours go on)."""
+        if not seq.processors.active or seq.processing_error is not None:
+            return row[0]
+        try:
+            return seq.processors.process(row)[0]
+        except Exception as exc:
+            log.exception("logits processing failed for request %s", seq.request.request_id)
+            seq.processing_error = f"{type(exc).__name__}: {exc}"
+            return row[0]
+
     def _accept(self, seq: _Sequence, token: int, now: float) -> None:
+        if seq.processing_error is not None:
+            self._finish(seq, "error", "", error=f"logits processing: {seq.processing_error}")
+            return
         seq.generated.append(token)
+        refused = seq.processors.accept(token) if token not in self._eos else None
+        if refused is not None:
+            self._finish(seq, "error", "", token, error=f"structured output: {refused}")
+            return
         seq.next_input = token
         self._generated_total += 1
         if seq.first_token_at is None:
             seq.first_token_at = now
         params = seq.request.sampling
         if token in self._eos and not params.ignore_eos:
+            if seq.pending_logprobs and seq.pending_logprobs[-1].token == token:
+                seq.pending_logprobs.pop()  # like its text, EOS is not part of the output
             seq.detokenizer.finalize()
             text = seq.detokenizer.last_segment + seq.stops.flush()
             self._finish(seq, "stop", text, token)
@@ -524,7 +575,13 @@ class Engine:
             self._finish(seq, "length", text + more + seq.stops.flush(), token)
             return
         if text:
-            seq.sink(Event(text, (token,)))
+            seq.sink(Event(text, (token,), logprobs=self._take_logprobs(seq)))
+
+    @staticmethod
+    def _take_logprobs(seq: _Sequence) -> tuple[TokenLogprob, ...]:
+        taken = tuple(seq.pending_logprobs)
+        seq.pending_logprobs.clear()
+        return taken
 
     def _finish(
         self,
@@ -551,7 +608,20 @@ class Engine:
                 start - seq.submitted_at, first - seq.submitted_at, now - seq.submitted_at
             ),
             error=error,
+            logprobs=self._take_logprobs(seq),
         )
+        if error is not None:
+            log.warning(
+                "request %s (user %r) failed: %s", seq.request.request_id, seq.request.user, error
+            )
+        else:
+            log.debug(
+                "request %s (user %r) finished: %s, %d tokens",
+                seq.request.request_id,
+                seq.request.user,
+                reason,
+                len(seq.generated),
+            )
         seq.sink(event)
         for observe in self.observers:
             try:

@@ -22,6 +22,15 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Logits processing (engine.processors): token id -> bias, OpenAI's penalties,
+    # vLLM's repetition penalty, logprobs (None: off; k: with the top k), and an
+    # llguidance grammar the output must follow (structured output, forced tool calls).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:
