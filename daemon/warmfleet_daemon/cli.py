@@ -58,9 +58,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(
         sub.add_parser("operator", help="the Kubernetes operator (or --local DIR without one)")
     )
+    from warmfleet_router.cli import add_arguments as add_router_arguments
+    from warmfleet_router.cli import run as run_router
+
+    add_router_arguments(
+        sub.add_parser(
+            "router",
+            help="the OpenAI-compatible gateway: each request to the daemon holding its prefix",
+        )
+    )
     args = parser.parse_args(argv)
     if args.command == "operator":
         return run(args)
+    if args.command == "router":  # an HTTP gateway: no mlx, no BLAS
+        return run_router(args)
     _setup_logging(getattr(args, "log_level", "info"))
     if args.command == "bench-serve":  # HTTP clients: no mlx, no BLAS
         return _bench_serve(args)
