@@ -177,6 +177,7 @@ class BackendSync:
         )
         backend.epoch, backend.seq = str(snap["epoch"]), int(snap["seq"])
         backend.index_mode = "following"
+        backend.last_error = ""
         backend.resyncs += 1
         if self._on_index:
             self._on_index(backend, "resync")
