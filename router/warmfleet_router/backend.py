@@ -31,6 +31,7 @@ class Backend:
     epoch: str | None = None
     seq: int = 0
     fingerprint: str | None = None  # of the daemon's cache layout
+    model: str | None = None  # what its layout says it serves
     resyncs: int = 0
     warm_sets: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0

@@ -90,6 +90,7 @@ class Fleet:
                     self.metrics.index_event,
                 )
                 self.backends[name], self._syncs[name] = backend, sync
+                self.metrics.backend_added(backend)
                 sync.start()
                 log.info("backend %s at %s", name, spec.url)
 
@@ -201,7 +202,6 @@ class Fleet:
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
         backend.requests += 1
-        self.metrics.request_started(backend.name, reason)
 
     def finished(
         self,
@@ -229,7 +229,7 @@ class Fleet:
                 while len(self._sessions) > MAX_SESSIONS:
                     self._sessions.popitem(last=False)
         self.metrics.request_finished(
-            backend.name, reason, outcome, predicted, prompt_tokens, cached, first_byte
+            backend, reason, outcome, predicted, prompt_tokens, cached, first_byte
         )
         self.decisions.append(
             {

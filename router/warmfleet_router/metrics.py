@@ -1,11 +1,13 @@
 """The router's OpenTelemetry metrics (the daemon's conventions: one MeterProvider,
 Prometheus pull on `/metrics`, OTLP push when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).
 
-Per backend and decision reason: requests; prompt, cached and predicted cached tokens
-(fleet hit rate = rate(cached) / rate(prompt), token-weighted; index accuracy = the share
-of requests whose prediction was exact); in-flight requests, health and index size as
-gauges; failovers and index resyncs as counters; time to first byte as seen by the
-router. Exported names: dots become underscores, counters get `_total`.
+Per backend (labelled like the daemons' own series: `warmfleet.daemon` is the backend's
+name, `gen_ai.request.model` the model its layout names) and decision reason: requests;
+prompt, cached and predicted cached tokens (fleet hit rate = rate(cached) / rate(prompt),
+token-weighted; index accuracy = the share of requests whose prediction was exact);
+in-flight requests, health and index size as gauges; failovers and index resyncs as
+counters; time to first byte as seen by the router. Exported names: dots become
+underscores, counters get `_total`.
 """
 
 from __future__ import annotations
@@ -117,26 +119,28 @@ class RouterMetrics:
         self._backends, self._index_size = backends, index_size
 
     def _observe_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(b.in_flight, {"warmfleet.backend": b.name}) for b in self._backends()]
+        return [Observation(b.in_flight, labels(b)) for b in self._backends()]
 
     def _observe_ready(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(int(b.usable), {"warmfleet.backend": b.name}) for b in self._backends()]
+        return [Observation(int(b.usable), labels(b)) for b in self._backends()]
 
     def _observe_blocks(self, _: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(
                 self._index_size(b.name),
-                {"warmfleet.backend": b.name, "warmfleet.index.mode": b.index_mode},
+                {**labels(b), "warmfleet.index.mode": b.index_mode},
             )
             for b in self._backends()
         ]
 
-    def request_started(self, backend: str, reason: str) -> None:
-        return None  # counted when it finishes, with its outcome
+    def backend_added(self, backend: Backend) -> None:
+        """Counters that may stay at zero exist from the start (a rate of 0, not no data)."""
+        self._failovers.add(0, labels(backend))
+        self._resyncs.add(0, labels(backend))
 
     def request_finished(
         self,
-        backend: str,
+        backend: Backend,
         reason: str,
         outcome: str,
         predicted: int,
@@ -144,33 +148,39 @@ class RouterMetrics:
         cached: int | None,
         first_byte: float | None,
     ) -> None:
-        labels = {"warmfleet.backend": backend}
+        base = labels(backend)
         self._requests.add(
-            1, {**labels, "warmfleet.route.reason": reason, "warmfleet.outcome": outcome}
+            1, {**base, "warmfleet.route.reason": reason, "warmfleet.outcome": outcome}
         )
         if first_byte is not None:
-            self._ttfb.record(first_byte, labels)
+            self._ttfb.record(first_byte, base)
         if prompt_tokens is not None and cached is not None:
-            self._prompt.add(prompt_tokens, {**labels, "warmfleet.route.reason": reason})
-            self._cached.add(cached, {**labels, "warmfleet.route.reason": reason})
-            self._predicted.add(predicted, labels)
+            self._prompt.add(prompt_tokens, {**base, "warmfleet.route.reason": reason})
+            self._cached.add(cached, {**base, "warmfleet.route.reason": reason})
+            self._predicted.add(predicted, base)
             result = "exact" if predicted == cached else "over" if predicted > cached else "under"
-            self._predictions.add(1, {**labels, "warmfleet.prediction": result})
+            self._predictions.add(1, {**base, "warmfleet.prediction": result})
 
-    def failover(self, backend: str) -> None:
-        self._failovers.add(1, {"warmfleet.backend": backend})
+    def failover(self, backend: Backend) -> None:
+        self._failovers.add(1, labels(backend))
 
     def index_event(self, backend: Backend, kind: str) -> None:
-        if kind == "resync":
-            self._resyncs.add(1, {"warmfleet.backend": backend.name})
+        if kind == "resync":  # its model (a label) may be known only now
+            self._resyncs.add(1, labels(backend))
+            self._failovers.add(0, labels(backend))
         else:
-            self._events.add(1, {"warmfleet.backend": backend.name})
+            self._events.add(1, labels(backend))
 
     def prometheus_text(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def labels(backend: Backend) -> dict[str, str]:
+    """The daemon's own label names, so one dashboard variable filters both."""
+    return {"warmfleet.daemon": backend.name, "gen_ai.request.model": backend.model or "unknown"}
 
 
 def _otlp_exporter() -> MetricExporter:

@@ -67,8 +67,9 @@ async def forward(
         backend = fleet.backends.get(name)
         if backend is None or (reason == "failover" and not backend.usable):
             continue
-        if reason == "failover":
-            fleet.metrics.failover(attempts[0][0])
+        failed = fleet.backends.get(attempts[0][0])
+        if reason == "failover" and failed is not None:
+            fleet.metrics.failover(failed)
         try:
             return await _attempt(fleet, plan, backend, reason, path, raw, upstream_headers)
         except UpstreamFailed as exc:

@@ -170,7 +170,7 @@ class BackendSync:
         if snap.get("fingerprint") != backend.fingerprint:
             layout = CacheLayout.model_validate(await self._get_json("/v1/cache/layout", headers))
             await self._layouts(layout)
-            backend.fingerprint = layout.fingerprint
+            backend.fingerprint, backend.model = layout.fingerprint, layout.model
         self._index.load_snapshot(
             backend.name,
             ((bytes.fromhex(b["key"]), bool(b.get("logits"))) for b in snap["blocks"]),

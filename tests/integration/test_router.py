@@ -13,8 +13,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from daemons import Daemon, start_daemon, start_router
+from promql import dashboard_queries, metric_names
 
 TOKEN = "router-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -191,6 +193,29 @@ def test_the_session_header_keeps_a_session_on_one_backend(
         picks.append((backend, reason))
     assert len({b for b, _ in picks}) == 1
     assert [r for _, r in picks[1:]] == ["session"] * 3
+
+
+def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(router: Daemon) -> None:
+    values: dict[str, float] = {}
+    exported = set()
+    for family in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text):
+        for sample in family.samples:
+            exported.add(sample.name)
+            if sample.labels.get("gen_ai_request_model") == "tiny-random":
+                values[sample.name] = values.get(sample.name, 0) + sample.value
+    decisions = [d for d in status(router)["decisions"] if d["cached_tokens"] is not None]
+    assert values["warmfleet_router_cached_tokens_total"] == sum(
+        d["cached_tokens"] for d in decisions
+    )
+    assert values["warmfleet_router_predicted_cached_tokens_total"] == sum(
+        d["predicted_cached_tokens"] for d in decisions
+    )
+    assert values["warmfleet_router_requests_total"] == len(status(router)["decisions"])
+    assert values["warmfleet_router_index_resyncs_total"] == 3
+    for where, expr in dashboard_queries():
+        for name in metric_names(expr):
+            if name.startswith("warmfleet_router_"):
+                assert name in exported, f"{where} reads {name}, which the router does not export"
 
 
 def test_failover_before_the_first_byte(
