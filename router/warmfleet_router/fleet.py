@@ -244,7 +244,11 @@ class Fleet:
             }
         )
 
-    def index_prediction(self, plan: Plan, backend: Backend, reason: Reason) -> int:
+    def index_prediction(self, plan: Plan, backend: Backend, reason: Reason) -> int | None:
+        """None when the router made none (the body could not be keyed, or the policy
+        does not look at the cache)."""
+        if not plan.blocks.get(backend.name, EMPTY).keys:
+            return None
         if backend.name == plan.decision.backend:
             return plan.decision.predicted
         return self.index.predict(backend.name, plan.blocks.get(backend.name, EMPTY))

@@ -143,7 +143,7 @@ class RouterMetrics:
         backend: Backend,
         reason: str,
         outcome: str,
-        predicted: int,
+        predicted: int | None,
         prompt_tokens: int | None,
         cached: int | None,
         first_byte: float | None,
@@ -157,9 +157,12 @@ class RouterMetrics:
         if prompt_tokens is not None and cached is not None:
             self._prompt.add(prompt_tokens, {**base, "warmfleet.route.reason": reason})
             self._cached.add(cached, {**base, "warmfleet.route.reason": reason})
-            self._predicted.add(predicted, base)
-            result = "exact" if predicted == cached else "over" if predicted > cached else "under"
-            self._predictions.add(1, {**base, "warmfleet.prediction": result})
+            if predicted is not None:
+                self._predicted.add(predicted, base)
+                result = "exact" if predicted == cached else "over"
+                if predicted < cached:
+                    result = "under"
+                self._predictions.add(1, {**base, "warmfleet.prediction": result})
 
     def failover(self, backend: Backend) -> None:
         self._failovers.add(1, labels(backend))

@@ -208,7 +208,7 @@ def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(router: Daemon
         d["cached_tokens"] for d in decisions
     )
     assert values["warmfleet_router_predicted_cached_tokens_total"] == sum(
-        d["predicted_cached_tokens"] for d in decisions
+        d["predicted_cached_tokens"] or 0 for d in decisions
     )
     assert values["warmfleet_router_requests_total"] == len(status(router)["decisions"])
     assert values["warmfleet_router_index_resyncs_total"] == 3
