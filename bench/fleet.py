@@ -166,10 +166,14 @@ def daemon(model: str, cache_mb: int, block_size: int | None) -> Proc:
     return start(args, free_port())
 
 
-def warm(daemons: list[Proc], load: Workload) -> None:
+def warm(daemons: list[Proc], load: Workload, agents: bool = True) -> None:
+    """Clear every cache; then warm the agents' system prompts and tools on every daemon."""
     prompts = [{"name": n, "messages": [s], "tools": t} for n, (s, t) in load.agents.items()]
     for d in daemons:
+        httpx.delete(f"{d.url}/v1/warm-sets/bench/agents", headers=AUTH, timeout=60)
         httpx.delete(f"{d.url}/v1/cache/prefix", headers=AUTH, timeout=60).raise_for_status()
+        if not agents:
+            continue
         body = {"generation": 1, "prompts": prompts}
         r = httpx.put(f"{d.url}/v1/warm-sets/bench/agents", json=body, headers=AUTH, timeout=60)
         r.raise_for_status()
@@ -181,14 +185,27 @@ def warm(daemons: list[Proc], load: Workload) -> None:
             time.sleep(0.2)
 
 
-def counters(daemons: list[Proc]) -> tuple[int, int]:
-    hits = queried = 0
+def counters(daemons: list[Proc]) -> dict[str, tuple[int, int]]:
+    """(hit tokens, queried tokens) per daemon that answers."""
+    out = {}
     for d in daemons:
         try:
             cache = httpx.get(f"{d.url}/v1/status", headers=AUTH, timeout=10).json()["cache"]
         except (httpx.HTTPError, KeyError, ValueError):
             continue  # a killed daemon
-        hits, queried = hits + cache["hit_tokens"], queried + cache["queried_tokens"]
+        out[d.url] = (cache["hit_tokens"], cache["queried_tokens"])
+    return out
+
+
+def deltas(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> tuple[int, int]:
+    """Fleet hit and queried tokens between two readings (a daemon missing from `after`
+    was killed: its last reading before that stands in)."""
+    hits = queried = 0
+    for url, (h0, q0) in before.items():
+        h1, q1 = after.get(url, (h0, q0))
+        hits, queried = hits + h1 - h0, queried + q1 - q0
     return hits, queried
 
 
@@ -250,10 +267,17 @@ async def chat(
 
 
 async def drive(
-    url: str, load: Workload, concurrency: int, max_tokens: int, affinity: bool, on_request: Any
+    url: str,
+    load: Workload,
+    concurrency: int,
+    max_tokens: int,
+    affinity: bool,
+    on_request: Any,
+    think: float = 0.0,
 ) -> Result:
     out = Result()
     gate = asyncio.Semaphore(concurrency)
+    pauses = random.Random(11)  # the same think times for every policy
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=600.0)) as client:
 
         async def session(sid: str, name: str, questions: list[str]) -> None:
@@ -275,6 +299,8 @@ async def drive(
                     on_request(out.requests)
                     reply = await chat(client, url, body, headers, out)
                     history.append({"role": "assistant", "content": reply or ""})
+                    # An agent runs its tool or the user reads before the next turn.
+                    await asyncio.sleep(think * pauses.uniform(0.5, 1.5))
 
         await asyncio.gather(*(session(*s) for s in load.sessions))
     return out
@@ -286,7 +312,7 @@ async def drive(
 def run_policy(
     policy: str, daemons: list[Proc], load: Workload, args: argparse.Namespace, kill: bool = False
 ) -> dict[str, Any]:
-    warm(daemons, load)
+    warm(daemons, load, not args.no_warm)
     backends = [a for d in daemons for a in ("--backend", d.url)]
     router = start(["router", *backends, "--policy", policy, "--log-level", "warning"], free_port())
     try:
@@ -298,12 +324,14 @@ def run_policy(
             if time.monotonic() > deadline:
                 raise SystemExit("the router did not follow every daemon")
             time.sleep(0.1)
-        hits0, queried0 = counters(daemons)
+        before = counters(daemons)
         total = len(load.sessions) * len(load.sessions[0][2])
         victim = daemons[-1]
+        last_seen: dict[str, tuple[int, int]] = {}
 
         def on_request(n: int) -> None:
             if kill and n == total // 3 and victim.process.poll() is None:
+                last_seen.update(counters([victim]))  # what it did until now
                 victim.process.kill()
 
         t0 = time.perf_counter()
@@ -313,29 +341,30 @@ def run_policy(
             )
         )
         wall = time.perf_counter() - t0
-        hits1, queried1 = counters(daemons)
+        hits, queried = deltas(before, {**last_seen, **counters(daemons)})
         predictions = router_predictions(router)
     finally:
         router.stop()
-    return summary(policy + (" (one daemon killed)" if kill else ""), result, wall,
-                   hits1 - hits0, queried1 - queried0, predictions, len(daemons))  # fmt: skip
+    name = policy + (" (one daemon killed)" if kill else "")
+    return summary(name, result, wall, hits, queried, predictions, len(daemons))
 
 
 def run_single(load: Workload, args: argparse.Namespace) -> dict[str, Any]:
     one = daemon(args.model, args.cache_memory_mb * args.daemons, args.block_size)
     try:
-        warm([one], load)
-        hits0, queried0 = counters([one])
+        warm([one], load, not args.no_warm)
+        before = counters([one])
         t0 = time.perf_counter()
         result = asyncio.run(
-            drive(one.url, load, args.concurrency, args.max_tokens, False, lambda n: None)
+            drive(
+                one.url, load, args.concurrency, args.max_tokens, False, lambda n: None, args.think
+            )
         )
         wall = time.perf_counter() - t0
-        hits1, queried1 = counters([one])
+        hits, queried = deltas(before, counters([one]))
     finally:
         one.stop()
-    return summary(f"one daemon, {args.daemons}x budget", result, wall, hits1 - hits0,
-                   queried1 - queried0, Counter(), 1)  # fmt: skip
+    return summary(f"one daemon, {args.daemons}x budget", result, wall, hits, queried, Counter(), 1)
 
 
 def summary(
@@ -395,6 +424,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--cache-memory-mb", type=int, default=12, help="per daemon")
+    p.add_argument(
+        "--think", type=float, default=1.0, help="mean seconds between a session's turns"
+    )
+    p.add_argument("--no-warm", action="store_true", help="do not warm the agents' prompts")
     p.add_argument("--block-size", type=int)
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--kill-one", action="store_true", help="also: prefix with a daemon killed")
@@ -420,7 +453,8 @@ def main() -> int:
             d.stop()
     print(
         f"\n{args.daemons} daemons ({args.model}, {args.cache_memory_mb} MiB cache each), "
-        f"{args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time:\n"
+        f"{args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time, "
+        f"{args.think:g} s between turns, agents {'not ' if args.no_warm else ''}warmed:\n"
     )
     print(table(rows))
     if args.json:

@@ -23,6 +23,8 @@ from warmfleet_router.proxy import error_body, forward
 
 log = logging.getLogger(__name__)
 
+MAX_REQUEST_BYTES = 8 << 20  # the daemons' default limit: larger bodies would fail there
+
 
 def create_app(source: Source, options: RouterOptions) -> FastAPI:
     holder: dict[str, Fleet] = {}
@@ -61,7 +63,16 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         return holder["fleet"]
 
     async def proxied(request: Request, path: str, route: str) -> Response:
+        too_large = JSONResponse(
+            error_body(413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
+                       "invalid_request_error"),
+            status_code=413,
+        )  # fmt: skip
+        if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
+            return too_large
         raw = await request.body()
+        if len(raw) > MAX_REQUEST_BYTES:
+            return too_large
         try:
             body: Any = json.loads(raw)
         except ValueError:

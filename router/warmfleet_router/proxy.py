@@ -126,7 +126,7 @@ async def _attempt(
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
     chunks = upstream.aiter_raw()
     try:  # the first byte decides whether a retry is still possible
-        first = await anext(chunks, b"")
+        first = await (_first_progress(chunks) if streaming else anext(chunks, b""))
     except httpx.HTTPError as exc:
         await upstream.aclose()
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
@@ -173,6 +173,42 @@ async def _attempt(
             finish(outcome, usage.found, first_byte)
 
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
+
+
+async def _first_progress(chunks: AsyncIterator[bytes]) -> bytes:
+    """A stream's bytes up to its first event that carries output (text, a tool call, a
+    finish, usage, an error, the end). Daemons open with an empty assistant-role event
+    before they have computed anything; holding it back keeps a failure during prefill
+    retryable, since the client has seen nothing yet."""
+    held = b""
+    async for chunk in chunks:
+        held += chunk
+        events = held.split(b"\n\n")
+        if any(_carries_output(e) for e in events[:-1]) or len(held) > 1 << 20:
+            return held
+    return held
+
+
+def _carries_output(event: bytes) -> bool:
+    data = event.strip()
+    if not data.startswith(b"data:"):
+        return bool(data) and not data.startswith(b":")  # an unexpected line: pass it on
+    data = data[5:].strip()
+    if data == b"[DONE]":
+        return True
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return True
+    if not isinstance(payload, dict) or payload.get("error") or payload.get("usage"):
+        return True
+    for choice in payload.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("finish_reason") or choice.get("text") or delta.get("tool_calls"):
+            return True
+        if delta.get("content"):
+            return True
+    return False
 
 
 async def _read_quietly(response: httpx.Response) -> bytes:

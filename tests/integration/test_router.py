@@ -195,6 +195,21 @@ def test_the_session_header_keeps_a_session_on_one_backend(
     assert [r for _, r in picks[1:]] == ["session"] * 3
 
 
+def test_bad_input_gets_the_daemons_error_and_changes_nothing(router: Daemon) -> None:
+    before = {b["name"]: b["failures"] for b in status(router)["backends"]}
+    r = httpx.post(
+        f"{router.url}/v1/chat/completions", json={"model": "default", "messages": []}, timeout=30
+    )
+    assert r.status_code in (400, 422) and "error" in r.json()
+    assert r.headers["x-warmfleet-backend"] in before  # answered by a daemon, not retried
+    r = httpx.post(f"{router.url}/v1/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code in (400, 422) and "error" in r.json()
+    r = httpx.post(f"{router.url}/v1/completions", content=b"x" * (9 << 20), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert {b["name"]: b["failures"] for b in status(router)["backends"]} == before
+    assert all(b["health"] == "ready" for b in status(router)["backends"])
+
+
 def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(router: Daemon) -> None:
     values: dict[str, float] = {}
     exported = set()
