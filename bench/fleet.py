@@ -16,7 +16,7 @@ prefix run in which one daemon is killed a third of the way through.
 
     .venv/bin/python bench/fleet.py                                  # 4 tiny-random daemons
     .venv/bin/python bench/fleet.py --model default --daemons 2 --sessions 8 --turns 4 \\
-        --concurrency 4 --cache-memory-mb 256                        # TTFT on the real model
+        --concurrency 4 --cache-memory-mb 1024 --max-tokens 16     # TTFT on the real model
 """
 
 from __future__ import annotations
