@@ -1,15 +1,17 @@
-# The two commands: `make run` (serve the embedded model) and `make test`.
+# The two commands: `make run` (the local fleet on the embedded model) and `make test`.
 VENV := .venv
 STAMP := $(VENV)/.warmfleet-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 WARM_PROMPTS ?= examples/daemon/warm-prompts.yaml
+NODES ?= 2
 
 .PHONY: run test setup lint bench clean
 
+# NODES daemons on PORT+1.., the operator in local mode, the router on PORT.
 run: $(STAMP)
-	$(VENV)/bin/warmfleet serve --model default --host $(HOST) --port $(PORT) \
-		$(if $(WARM_PROMPTS),--warm-prompts $(WARM_PROMPTS))
+	$(VENV)/bin/warmfleet up --nodes $(NODES) --model default --host $(HOST) --port $(PORT) \
+		$(if $(WARM_PROMPTS),--warm $(WARM_PROMPTS))
 
 test: $(STAMP)
 	./scripts/setup.sh --test-tools

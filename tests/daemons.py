@@ -69,3 +69,29 @@ def start_daemon(
         time.sleep(0.2)
     process.kill()
     raise RuntimeError(f"daemon not ready after {timeout}s: {cmd}\n{daemon.log()}")
+
+
+def start_router(*args: str, timeout: float = 60, port: int | None = None) -> Daemon:
+    """`warmfleet router ARGS` on a free port, once its /readyz says a backend is ready."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "warmfleet_daemon.cli", "router", "--port", str(port), *args]
+    if "--log-level" not in args:
+        cmd += ["--log-level", "warning"]
+    fd, log_path = tempfile.mkstemp(prefix="warmfleet-router-", suffix=".log")
+    with os.fdopen(fd, "wb") as log:
+        process = subprocess.Popen(
+            cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT
+        )
+    router = Daemon(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"router exited with {process.returncode}: {cmd}\n{router.log()}")
+        try:
+            if httpx.get(f"{router.url}/readyz", timeout=2).status_code == 200:
+                return router
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"router not ready after {timeout}s: {cmd}\n{router.log()}")

@@ -77,4 +77,9 @@ LABELS = {
     "warmfleet_warm_prompt_state",
     "warmfleet_cache_outcome",
     "gen_ai_request_model",
+    # the router's
+    "warmfleet_route_reason",
+    "warmfleet_prediction",
+    "warmfleet_outcome",
+    "warmfleet_index_mode",
 }

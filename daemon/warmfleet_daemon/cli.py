@@ -59,11 +59,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(
         sub.add_parser("operator", help="the Kubernetes operator (or --local DIR without one)")
     )
+    from warmfleet_router.cli import add_arguments as add_router_arguments
+    from warmfleet_router.cli import run as run_router
+
+    add_router_arguments(
+        sub.add_parser(
+            "router",
+            help="the OpenAI-compatible gateway: each request to the daemon holding its prefix",
+        )
+    )
+    from warmfleet_router import up
+
+    up.add_arguments(
+        sub.add_parser(
+            "up",
+            help="the fleet on one machine: N daemons, the operator (local mode), the router",
+        )
+    )
     args = parser.parse_args(argv)
     if args.command == "operator":
         return run(args)
     if args.command == "service":
         return run_fleet_service(args)
+    if args.command == "router":  # an HTTP gateway: no mlx, no BLAS
+        return run_router(args)
+    if args.command == "up":  # starts the others as processes
+        return up.run(args)
     _setup_logging(getattr(args, "log_level", "info"))
     if args.command == "bench-serve":  # HTTP clients: no mlx, no BLAS
         return _bench_serve(args)

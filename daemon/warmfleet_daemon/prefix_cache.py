@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from warmfleet_daemon.chunking import BlockKey, Chunk
 
 P = TypeVar("P")
+T = TypeVar("T")
 
 
 class InsertOutcome(str, Enum):
@@ -70,6 +71,23 @@ class CacheStats:
         return self.hit_tokens
 
 
+@dataclass(frozen=True)
+class BlockView(Generic[P]):
+    """One stored block as listeners and snapshots see it."""
+
+    key: BlockKey
+    parent: BlockKey | None
+    start: int
+    end: int
+    payload: P
+    pinned: bool
+
+
+# Called under the cache's lock with every change: ("stored", block), ("evicted", block)
+# or ("cleared", None), so a listener's sequence numbers follow the cache's own order.
+BlockListener = Callable[[Literal["stored", "evicted", "cleared"], "BlockView[P] | None"], None]
+
+
 class PrefixCache(Generic[P]):
     """Chained-block prefix index with pinning and an LRU byte budget."""
 
@@ -86,6 +104,7 @@ class PrefixCache(Generic[P]):
         self._evicted_bytes = 0
         self._rejected = 0
         self._lock = threading.RLock()
+        self.listeners: list[BlockListener[P]] = []
 
     # -- lookup ---------------------------------------------------------------
 
@@ -142,6 +161,7 @@ class PrefixCache(Generic[P]):
                 chunk.key, parent_block, chunk.start, chunk.end, payload, nbytes
             )
             self._bytes += nbytes
+            self._notify("stored", self._blocks[chunk.key])
             return InsertOutcome.STORED
 
     # -- pinning --------------------------------------------------------------
@@ -195,6 +215,8 @@ class PrefixCache(Generic[P]):
             self._blocks.clear()
             self._bytes = 0
             self._pinned_bytes = 0
+            for listener in self.listeners:
+                listener("cleared", None)
             return count
 
     def set_budget(self, budget_bytes: int) -> None:
@@ -228,6 +250,13 @@ class PrefixCache(Generic[P]):
                 rejected_inserts=self._rejected,
             )
 
+    def snapshot(self, also: Callable[[], T]) -> tuple[list[BlockView[P]], T]:
+        """Every stored block, root first, and `also()` read under the same lock (a
+        listener's sequence number, so a snapshot and an event stream line up)."""
+        with self._lock:
+            blocks = sorted(self._blocks.values(), key=lambda b: b.end)
+            return [_view(b) for b in blocks], also()
+
     def keys_lru_order(self) -> list[BlockKey]:
         """Block keys from least to most recently used (for tests and diagnostics)."""
         with self._lock:
@@ -255,6 +284,18 @@ class PrefixCache(Generic[P]):
             self._pinned_bytes -= block.nbytes
         if block.parent is not None:
             block.parent.children -= 1
+        self._notify("evicted", block)
+
+    def _notify(self, kind: Literal["stored", "evicted"], block: _Block[P]) -> None:
+        if self.listeners:
+            view = _view(block)
+            for listener in self.listeners:
+                listener(kind, view)
+
+
+def _view(block: _Block[P]) -> BlockView[P]:
+    parent = block.parent.key if block.parent is not None else None
+    return BlockView(block.key, parent, block.start, block.end, block.payload, block.pins > 0)
 
 
 class _Block(Generic[P]):

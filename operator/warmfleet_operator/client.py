@@ -177,6 +177,12 @@ class KubeClient:
             return  # deleted meanwhile
         r.raise_for_status()
 
+    async def list_items(self, path: str) -> list[dict[str, Any]]:
+        """The items of a LIST (e.g. every WarmNode, for the router)."""
+        r = await self._require().get(path)
+        r.raise_for_status()
+        return list(r.json().get("items") or [])
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()

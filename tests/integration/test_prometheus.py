@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from daemons import Daemon, free_port
+from daemons import Daemon, free_port, start_router
 from promql import RULES, dashboard_queries, expand, label_values, rule_exprs
 
 PROMETHEUS = shutil.which("prometheus")
@@ -44,7 +44,15 @@ def daemon(daemon_factory, tmp_path_factory) -> Daemon:
 
 
 @pytest.fixture(scope="module")
-def prometheus(daemon: Daemon, tmp_path_factory) -> Iterator[str]:
+def router(daemon: Daemon) -> Iterator[Daemon]:
+    """A router in front of the daemon: the dashboard's fleet panels read its metrics."""
+    r = start_router("--backend", daemon.url)
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(daemon: Daemon, router: Daemon, tmp_path_factory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("prometheus")
     target = daemon.url.removeprefix("http://")
     config = {
@@ -55,7 +63,11 @@ def prometheus(daemon: Daemon, tmp_path_factory) -> Iterator[str]:
                 "job_name": "warmfleet-daemons",
                 # the second target is down on purpose: it feeds the daemon-down alert
                 "static_configs": [{"targets": [target, f"127.0.0.1:{free_port()}"]}],
-            }
+            },
+            {
+                "job_name": "warmfleet-router",
+                "static_configs": [{"targets": [router.url.removeprefix("http://")]}],
+            },
         ],
     }
     (root / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -87,8 +99,8 @@ def prometheus(daemon: Daemon, tmp_path_factory) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def traffic(daemon: Daemon, seconds: float) -> None:
-    """Warm hits and cold misses, some streamed, for `seconds`."""
+def traffic(daemon: Daemon, router: Daemon, seconds: float) -> None:
+    """Warm hits and cold misses, every other pair through the router, for `seconds`."""
     end, i = time.monotonic() + seconds, 0
     while time.monotonic() < end:
         system = SYSTEM if i % 3 == 0 else {"role": "system", "content": f"Unique {i} " * 30}
@@ -98,7 +110,8 @@ def traffic(daemon: Daemon, seconds: float) -> None:
             "max_tokens": 6,
             "ignore_eos": True,
         }
-        httpx.post(f"{daemon.url}/v1/chat/completions", json=body, timeout=60)
+        via = router if i % 4 < 2 else daemon
+        httpx.post(f"{via.url}/v1/chat/completions", json=body, timeout=60)
         i += 1
 
 
@@ -114,8 +127,8 @@ def series(prometheus: str, selector: str) -> list:
     return r.json()["data"]
 
 
-def test_every_dashboard_query_and_rule_returns_data(daemon, prometheus) -> None:
-    worker = threading.Thread(target=traffic, args=(daemon, 20.0))
+def test_every_dashboard_query_and_rule_returns_data(daemon, router, prometheus) -> None:
+    worker = threading.Thread(target=traffic, args=(daemon, router, 20.0))
     worker.start()
     worker.join()
     failures = []

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from warmfleet_daemon import __version__
 from warmfleet_daemon.api import (
     openapi,
+    routes_cache_events,
     routes_diagnostics,
     routes_openai,
     routes_status,
@@ -50,4 +51,5 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     app.include_router(routes_status.router)
     app.include_router(routes_warm.router)
     app.include_router(routes_diagnostics.router)
+    app.include_router(routes_cache_events.router)
     return app

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
+from warmfleet_daemon.cache_events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.kv import BlockPayload
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
 from warmfleet_daemon.settings import DaemonSettings, MiB
@@ -32,6 +34,7 @@ class Ready:
     warm: WarmManager
     telemetry: Telemetry
     diagnostics: CacheDiagnostics
+    events: CacheEventLog[BlockPayload]  # the router's feed: GET /v1/cache/events
 
     @property
     def model(self) -> LoadedModel:
@@ -70,6 +73,9 @@ class DaemonState:
     def attach(self, engine: Engine) -> None:
         """Serve `engine`: start it, then restore and warm the warm sets."""
         settings = self.settings
+        # Listening before anything is stored, so the log misses no block.
+        events = CacheEventLog[BlockPayload](lambda payload: payload.logits is not None)
+        engine.cache.listeners.append(events.record)
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
@@ -108,7 +114,9 @@ class DaemonState:
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
         # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
-        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry, diagnostics)
+        self.ready = Ready(
+            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events=events
+        )
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
         try:

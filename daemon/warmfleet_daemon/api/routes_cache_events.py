@@ -1,0 +1,112 @@
+"""What a router needs to know which blocks this daemon holds (admin routes).
+
+`GET /v1/cache/layout`: how requests become block keys here (tokenizer, template
+arguments, chunk size, root key). `GET /v1/cache/snapshot`: every stored block and the
+sequence number it is current at. `GET /v1/cache/events?epoch=E&after=N`: a stream of
+newline-delimited JSON, every block stored or evicted and every clear after N, then live;
+a `reset` line (and the end of the stream) when events after N are gone or E is not this
+daemon's epoch, which is the subscriber's cue to fetch a new snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from warmfleet_daemon.api.deps import AdminDep, ReadyDep
+from warmfleet_daemon.api.errors import ErrorResponse
+from warmfleet_daemon.cache_layout import CacheLayout, export_layout
+from warmfleet_daemon.chunking import root_key
+from warmfleet_daemon.engine.core import Engine
+
+router = APIRouter(
+    prefix="/v1/cache",
+    dependencies=[AdminDep],
+    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}},
+)
+
+NDJSON = "application/x-ndjson"
+
+
+@lru_cache(maxsize=4)
+def layout_of(engine: Engine) -> CacheLayout:
+    loaded = engine.loaded
+    return export_layout(
+        loaded.tokenizer,
+        model=loaded.name,
+        root=root_key(f"{loaded.name}|{loaded.source}"),  # the engine's own root key
+        block_size=engine.config.block_size,
+    )
+
+
+@router.get("/layout", response_model=CacheLayout)
+async def layout(ready: ReadyDep) -> CacheLayout:
+    return await run_in_threadpool(layout_of, ready.engine)
+
+
+@router.get("/snapshot")
+async def snapshot(ready: ReadyDep) -> dict[str, Any]:
+    """Every stored block (root first) with the event sequence number it is current at."""
+    events = ready.events
+    blocks, seq = await run_in_threadpool(ready.engine.cache.snapshot, lambda: events.seq)
+    found = await run_in_threadpool(layout_of, ready.engine)
+    return {
+        "epoch": events.epoch,
+        "seq": seq,
+        "fingerprint": found.fingerprint,
+        "blocks": [events.block_json(b) for b in blocks],
+    }
+
+
+@router.get("/events")
+async def cache_events(
+    ready: ReadyDep,
+    after: int = Query(0, ge=0, description="last sequence number the subscriber has"),
+    epoch: str | None = Query(None, max_length=64, description="the epoch `after` is from"),
+    heartbeat: float = Query(5.0, gt=0, le=60, description="seconds between heartbeat lines"),
+) -> StreamingResponse:
+    log = ready.events
+    loop = asyncio.get_running_loop()
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield _line({"type": "hello", "epoch": log.epoch, "seq": log.seq})
+        if epoch is not None and epoch != log.epoch:
+            yield _line({"type": "reset", "reason": "epoch"})
+            return
+        found = log.subscribe(after, loop)
+        if found is None:
+            yield _line({"type": "reset", "reason": "gap"})
+            return
+        backlog, subscription = found
+        try:
+            last = after
+            for old in backlog:
+                yield _line(old.as_json())
+                last = old.seq
+            while True:
+                try:
+                    event = await asyncio.wait_for(subscription.queue.get(), heartbeat)
+                except asyncio.TimeoutError:
+                    yield _line({"type": "heartbeat", "seq": last})
+                    continue
+                if event is None:  # this subscriber fell too far behind
+                    yield _line({"type": "reset", "reason": "overflow"})
+                    return
+                if event.seq > last:
+                    yield _line(event.as_json())
+                    last = event.seq
+        finally:
+            log.unsubscribe(subscription)
+
+    return StreamingResponse(lines(), media_type=NDJSON, headers={"cache-control": "no-store"})
+
+
+def _line(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode() + b"\n"

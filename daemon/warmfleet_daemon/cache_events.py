@@ -1,0 +1,142 @@
+"""The prefix cache's change log: what the router's precise index follows.
+
+Every stored, evicted (or dropped) block and every clear gets the next sequence number,
+assigned under the cache's lock so numbers follow the cache's own order. A bounded
+buffer replays recent events to a reconnecting subscriber; one that asks for events the
+buffer no longer has, or for another epoch (a restarted daemon numbers from 1 again),
+is told to resync from a snapshot instead. Plain Python (no mlx): the payload only says
+whether a block carries its final logits, through `has_logits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from warmfleet_daemon.prefix_cache import BlockView
+
+P = TypeVar("P")
+
+EventType = Literal["stored", "evicted", "cleared"]
+DEFAULT_BUFFER = 65_536
+# A subscriber this far behind is cut off (and resyncs) rather than buffering forever.
+MAX_SUBSCRIBER_BACKLOG = 65_536
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    seq: int
+    type: EventType
+    key: str | None = None  # hex block key
+    parent: str | None = None
+    start: int | None = None
+    end: int | None = None
+    logits: bool | None = None  # the block holds its chunk's last-position logits
+
+    def as_json(self) -> dict[str, Any]:
+        if self.type == "cleared":
+            return {"seq": self.seq, "type": self.type}
+        return {
+            "seq": self.seq,
+            "type": self.type,
+            "key": self.key,
+            "parent": self.parent,
+            "start": self.start,
+            "end": self.end,
+            "logits": self.logits,
+        }
+
+
+class Subscription:
+    """One subscriber's queue of events, fed from any thread into its event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[CacheEvent | None] = asyncio.Queue()
+        self.overflowed = False
+
+    def push(self, event: CacheEvent) -> None:
+        if self.overflowed:
+            return
+        if self.queue.qsize() > MAX_SUBSCRIBER_BACKLOG:
+            self.overflowed = True
+            event_or_end: CacheEvent | None = None
+        else:
+            event_or_end = event
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event_or_end)
+        except RuntimeError:  # the subscriber's loop has closed
+            self.overflowed = True
+
+
+class CacheEventLog(Generic[P]):
+    """Sequence-numbered cache events with a replay buffer and live subscribers."""
+
+    def __init__(self, has_logits: Callable[[P], bool], buffer: int = DEFAULT_BUFFER) -> None:
+        self.epoch = uuid.uuid4().hex
+        self._has_logits = has_logits
+        self._seq = 0
+        self._buffer: deque[CacheEvent] = deque(maxlen=buffer)
+        self._subscribers: set[Subscription] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def seq(self) -> int:
+        with self._lock:
+            return self._seq
+
+    def record(self, kind: EventType, block: BlockView[P] | None) -> None:
+        """A `PrefixCache` listener (called under the cache's lock)."""
+        with self._lock:
+            self._seq += 1
+            if block is None:
+                event = CacheEvent(self._seq, kind)
+            else:
+                event = CacheEvent(
+                    self._seq,
+                    kind,
+                    block.key.hex(),
+                    block.parent.hex() if block.parent is not None else None,
+                    block.start,
+                    block.end,
+                    self._has_logits(block.payload),
+                )
+            self._buffer.append(event)
+            subscribers = list(self._subscribers)
+        for subscriber in subscribers:
+            subscriber.push(event)
+
+    def subscribe(
+        self, after: int, loop: asyncio.AbstractEventLoop
+    ) -> tuple[list[CacheEvent], Subscription] | None:
+        """Events after `after` still buffered, and a subscription for the ones to come;
+        None when some of them are gone (or `after` is from the future): resync."""
+        with self._lock:
+            if after > self._seq:
+                return None
+            oldest = self._buffer[0].seq if self._buffer else self._seq + 1
+            if after + 1 < oldest:
+                return None
+            backlog = [e for e in self._buffer if e.seq > after]
+            subscription = Subscription(loop)
+            self._subscribers.add(subscription)
+            return backlog, subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        with self._lock:
+            self._subscribers.discard(subscription)
+
+    def block_json(self, block: BlockView[P]) -> dict[str, Any]:
+        return {
+            "key": block.key.hex(),
+            "parent": block.parent.hex() if block.parent is not None else None,
+            "start": block.start,
+            "end": block.end,
+            "logits": self._has_logits(block.payload),
+            "pinned": block.pinned,
+        }

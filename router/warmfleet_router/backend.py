@@ -1,0 +1,61 @@
+"""What the router knows about one backend (plain data; the sync tasks keep it current)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Health = Literal["unknown", "ready", "unready", "draining", "down"]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend as a source declares it: `--backend URL`, a WarmNode in a folder or the
+    cluster."""
+
+    name: str
+    url: str
+    token: str | None = None  # for its admin routes (status, warm sets, cache events)
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class Backend:
+    spec: BackendSpec
+    health: Health = "unknown"
+    health_detail: str = ""
+    in_flight: int = 0
+    # Cache events: "following" (precise), "resyncing", "history" (no events: estimates).
+    index_mode: Literal["history", "resyncing", "following"] = "history"
+    epoch: str | None = None
+    seq: int = 0
+    fingerprint: str | None = None  # of the daemon's cache layout
+    model: str | None = None  # what its layout says it serves
+    resyncs: int = 0
+    warm_sets: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    failures: int = 0
+    last_error: str = ""
+    last_change: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def usable(self) -> bool:
+        """Gets new requests: ready by its last health check and since no failure."""
+        return self.health == "ready"
+
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
+
+    def set_health(self, health: Health, detail: str = "") -> None:
+        if health != self.health:
+            self.last_change = time.time()
+        self.health, self.health_detail = health, detail

@@ -1,0 +1,98 @@
+"""`warmfleet router`: the OpenAI-compatible gateway in front of the daemons."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from warmfleet_router.policy import DEFAULT_EPSILON, POLICIES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--backend",
+        action="append",
+        metavar="URL",
+        help="a daemon (or any OpenAI server); repeatable",
+    )
+    source.add_argument(
+        "--from-cluster", action="store_true", help="every WarmNode in the cluster (watched)"
+    )
+    source.add_argument(
+        "--local", metavar="DIR", help="the WarmNodes in DIR (the folder `operator --local` reads)"
+    )
+    p.add_argument(
+        "--admin-token-file",
+        help="the daemons' admin token (for their cache events, status and warm sets); "
+        "also WARMFLEET_ADMIN_TOKEN. WarmNodes naming a Secret use theirs",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--policy", choices=POLICIES, default="prefix")
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=DEFAULT_EPSILON,
+        help="bounded load: no backend above (1 + epsilon) x the mean in-flight",
+    )
+    p.add_argument(
+        "--health-interval", type=float, default=2.0, help="seconds between /readyz probes"
+    )
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("WARMFLEET_NAMESPACE", "default"),
+        help="--from-cluster: where Secrets without a namespace are",
+    )
+    p.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from warmfleet_router.app import create_app
+    from warmfleet_router.discovery import ClusterSource, FolderSource, Source, StaticSource
+    from warmfleet_router.fleet import RouterOptions
+    from warmfleet_router.sync import SyncOptions
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.epsilon < 0:
+        print("warmfleet router: --epsilon must be >= 0")
+        return 2
+    token = os.environ.get("WARMFLEET_ADMIN_TOKEN") or None
+    if args.admin_token_file:
+        try:
+            token = Path(args.admin_token_file).read_text().strip() or None
+        except OSError as exc:
+            print(f"warmfleet router: --admin-token-file: {exc}")
+            return 2
+    try:
+        source: Source
+        if args.backend:
+            source = StaticSource(args.backend, token)
+        elif args.local:
+            source = FolderSource(Path(args.local), token=token)
+        else:
+            source = ClusterSource(namespace=args.namespace)
+    except ValueError as exc:
+        print(f"warmfleet router: {exc}")
+        return 2
+    options = RouterOptions(
+        policy=args.policy,
+        epsilon=args.epsilon,
+        sync=SyncOptions(health_interval=args.health_interval),
+    )
+    app = create_app(source, options)
+    print(
+        f"warmfleet router: listening on http://{args.host}:{args.port} (policy {args.policy})",
+        flush=True,
+    )
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False
+    )
+    return 0

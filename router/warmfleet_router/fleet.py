@@ -1,0 +1,287 @@
+"""The router's state: backends and their sync tasks, the block index, the keyers of the
+daemons' layouts, sessions, and recent decisions. `plan()` is where a request meets the
+policy; the proxy reports back with `finished()`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from warmfleet_daemon.cache_layout import CacheLayout
+from warmfleet_router.backend import Backend, BackendSpec
+from warmfleet_router.discovery import Source
+from warmfleet_router.index import BlockIndex
+from warmfleet_router.keys import (
+    EMPTY,
+    MESSAGE_KEYS,
+    Keyer,
+    LayoutKeyer,
+    MessageKeyer,
+    RequestBlocks,
+    request_blocks,
+)
+from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.policy import DEFAULT_EPSILON, Candidate, Decision, Policy, Reason, choose
+from warmfleet_router.sync import BackendSync, SyncOptions
+
+log = logging.getLogger(__name__)
+
+AFFINITY_HEADERS = ("x-session-affinity", "x-prefix-hash")
+MAX_SESSIONS = 100_000
+RECENT_DECISIONS = 100
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    policy: Policy = "prefix"
+    epsilon: float = DEFAULT_EPSILON
+    sync: SyncOptions = field(default_factory=SyncOptions)
+
+
+@dataclass
+class Plan:
+    decision: Decision
+    blocks: dict[str, RequestBlocks]  # per backend name
+    affinity: str | None
+    started: float = field(default_factory=time.monotonic)
+
+
+class Fleet:
+    def __init__(
+        self, options: RouterOptions, client: httpx.AsyncClient, metrics: RouterMetrics
+    ) -> None:
+        self.options = options
+        self.client = client
+        self.metrics = metrics
+        self.index = BlockIndex()
+        self.backends: dict[str, Backend] = {}
+        self._syncs: dict[str, BackendSync] = {}
+        self._keyers: dict[str, Keyer] = {MESSAGE_KEYS: MessageKeyer()}
+        self._keyer_locks: dict[str, asyncio.Lock] = {}
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self._turn = 0
+        metrics.observe(lambda: list(self.backends.values()), self.index.size)
+
+    # -- membership ---------------------------------------------------------------
+
+    async def apply(self, specs: list[BackendSpec]) -> None:
+        """Make the backend set exactly `specs` (new ones start syncing, gone ones stop)."""
+        wanted = {s.name: s for s in specs}
+        for name in list(self.backends):
+            if name not in wanted or wanted[name] != self.backends[name].spec:
+                await self._remove(name)
+        for name, spec in wanted.items():
+            if name not in self.backends:
+                backend = Backend(spec)
+                sync = BackendSync(
+                    backend,
+                    self.client,
+                    self.index,
+                    self.add_layout,
+                    self.options.sync,
+                    self.metrics.index_event,
+                )
+                self.backends[name], self._syncs[name] = backend, sync
+                self.metrics.backend_added(backend)
+                sync.start()
+                log.info("backend %s at %s", name, spec.url)
+
+    async def _remove(self, name: str) -> None:
+        log.info("backend %s removed", name)
+        sync = self._syncs.pop(name)
+        self.backends.pop(name)
+        await sync.stop()
+
+    async def refresh(self, source: Source) -> None:
+        try:
+            await self.apply(await source.specs())
+        except Exception as exc:  # a bad folder or an API hiccup: keep what we have
+            log.warning("backend discovery failed: %s", exc)
+
+    async def follow(self, source: Source, stop: asyncio.Event) -> None:
+        """Read a changing source again every interval until `stop`."""
+        while source.interval:
+            try:
+                await asyncio.wait_for(stop.wait(), source.interval)
+                return
+            except asyncio.TimeoutError:
+                await self.refresh(source)
+
+    async def first_checks(self, timeout: float = 5.0) -> None:
+        await asyncio.gather(*(s.first_check(timeout) for s in self._syncs.values()))
+
+    async def close(self) -> None:
+        for name in list(self.backends):
+            await self._remove(name)
+
+    def passive_failure(self, backend: Backend, detail: str) -> None:
+        """A request to it failed (connect error, 5xx): no new requests until a probe
+        says it is ready again."""
+        backend.failures += 1
+        backend.last_error = detail
+        backend.set_health("down", detail)
+
+    # -- layouts ------------------------------------------------------------------
+
+    async def add_layout(self, layout: CacheLayout) -> None:
+        if layout.fingerprint in self._keyers:
+            return
+        lock = self._keyer_locks.setdefault(layout.fingerprint, asyncio.Lock())
+        async with lock:
+            if layout.fingerprint in self._keyers:
+                return
+            try:
+                keyer: Keyer = await asyncio.to_thread(LayoutKeyer, layout)
+            except (ValueError, OSError) as exc:
+                log.warning("layout of %s not usable (%s): message keys instead", layout.model, exc)
+                keyer = self._keyers[MESSAGE_KEYS]
+            self._keyers[layout.fingerprint] = keyer
+
+    def _keyer_of(self, backend: Backend) -> Keyer:
+        if backend.index_mode != "history" and backend.fingerprint in self._keyers:
+            return self._keyers[backend.fingerprint]
+        # History estimates use the keys of any known layout (same model, same tokens),
+        # else message keys.
+        layouts = [k for f, k in self._keyers.items() if f != MESSAGE_KEYS]
+        return layouts[0] if len(layouts) == 1 else self._keyers[MESSAGE_KEYS]
+
+    # -- routing ------------------------------------------------------------------
+
+    def usable(self) -> list[Backend]:
+        return [b for b in self.backends.values() if b.usable]
+
+    async def plan(
+        self,
+        route: str,
+        body: Mapping[str, Any] | None,
+        headers: Mapping[str, str],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> Plan | None:
+        """The decision for one request (None: no backend is ready)."""
+        backends = [b for b in self.usable() if b.name not in exclude]
+        if not backends:
+            return None
+        affinity = next((headers[h] for h in AFFINITY_HEADERS if headers.get(h)), None)
+        blocks: dict[str, RequestBlocks] = {}
+        by_keyer: dict[int, RequestBlocks] = {}
+        policy = self.options.policy
+        for backend in backends:
+            keyer = self._keyer_of(backend)
+            if body is None or policy != "prefix":
+                blocks[backend.name] = EMPTY
+                continue
+            if id(keyer) not in by_keyer:
+                by_keyer[id(keyer)] = await asyncio.to_thread(request_blocks, keyer, route, body)
+            blocks[backend.name] = by_keyer[id(keyer)]
+        candidates = [
+            Candidate(b.name, b.in_flight, self.index.predict(b.name, blocks[b.name]))
+            for b in backends
+        ]
+        tie = next((r.last_key for r in blocks.values() if r.last_key), None)
+        self._turn += 1
+        decision = choose(
+            policy,
+            candidates,
+            epsilon=self.options.epsilon,
+            tie_key=(affinity.encode() if affinity else tie) or str(self._turn).encode(),
+            affinity=affinity,
+            session_backend=self._sessions.get(affinity) if affinity else None,
+            turn=self._turn,
+        )
+        return Plan(decision, blocks, affinity)
+
+    def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
+        backend.in_flight += 1
+        backend.requests += 1
+
+    def finished(
+        self,
+        plan: Plan,
+        backend: Backend,
+        reason: Reason,
+        *,
+        outcome: str,
+        usage: Mapping[str, Any] | None,
+        first_byte: float | None,
+    ) -> None:
+        """A request left `backend` (any outcome): counters, index history, sessions."""
+        backend.in_flight = max(0, backend.in_flight - 1)
+        predicted = self.index_prediction(plan, backend, reason)
+        prompt_tokens = cached = None
+        if usage:
+            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            cached = int(details.get("cached_tokens") or 0)
+        if outcome == "ok":
+            self.index.routed(backend.name, plan.blocks.get(backend.name, EMPTY))
+            if plan.affinity:
+                self._sessions[plan.affinity] = backend.name
+                self._sessions.move_to_end(plan.affinity)
+                while len(self._sessions) > MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+        self.metrics.request_finished(
+            backend, reason, outcome, predicted, prompt_tokens, cached, first_byte
+        )
+        self.decisions.append(
+            {
+                "time": time.time(),
+                "backend": backend.name,
+                "reason": reason,
+                "outcome": outcome,
+                "session": plan.affinity,
+                "predicted_cached_tokens": predicted,
+                "cached_tokens": cached,
+                "prompt_tokens": prompt_tokens,
+            }
+        )
+
+    def index_prediction(self, plan: Plan, backend: Backend, reason: Reason) -> int | None:
+        """None when the router made none (the body could not be keyed, or the policy
+        does not look at the cache)."""
+        if not plan.blocks.get(backend.name, EMPTY).keys:
+            return None
+        if backend.name == plan.decision.backend:
+            return plan.decision.predicted
+        return self.index.predict(backend.name, plan.blocks.get(backend.name, EMPTY))
+
+    # -- status -------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "policy": self.options.policy,
+            "epsilon": self.options.epsilon,
+            "backends": [
+                {
+                    "name": b.name,
+                    "url": b.url,
+                    "labels": b.spec.labels,
+                    "health": b.health,
+                    "health_detail": b.health_detail,
+                    "in_flight": b.in_flight,
+                    "requests": b.requests,
+                    "failures": b.failures,
+                    "index": {
+                        "mode": b.index_mode,
+                        "blocks": self.index.size(b.name),
+                        "epoch": b.epoch,
+                        "seq": b.seq,
+                        "resyncs": b.resyncs,
+                        "layout": b.fingerprint,
+                    },
+                    "warm_sets": b.warm_sets,
+                    "last_error": b.last_error,
+                }
+                for b in sorted(self.backends.values(), key=lambda b: b.name)
+            ],
+            "sessions": len(self._sessions),
+            "decisions": list(self.decisions)[::-1],
+        }

@@ -1,0 +1,249 @@
+"""Forwarding one request: the plan's backend, one retry on the next best if it fails
+before the first byte, the response passed through as it arrives (streams chunk by
+chunk, never buffered), `x-warmfleet-backend` on every response, and an OpenAI-style
+error event when a stream is cut after its first byte."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from warmfleet_router.backend import Backend
+from warmfleet_router.fleet import Fleet, Plan
+from warmfleet_router.policy import Reason
+
+log = logging.getLogger(__name__)
+
+BACKEND_HEADER = "x-warmfleet-backend"
+REASON_HEADER = "x-warmfleet-route-reason"
+# Not forwarded either way: hop-by-hop, or recomputed by the HTTP stack.
+_HOP = {
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+}
+_PASSED_BACK = ("content-type", "content-encoding", "cache-control", "x-request-id")
+
+
+class UpstreamFailed(Exception):
+    """The backend failed before sending anything: safe to retry elsewhere."""
+
+
+def error_body(
+    status: int, message: str, code: str, type_: str = "service_unavailable"
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+async def forward(
+    fleet: Fleet,
+    path: str,
+    route: str,
+    raw: bytes,
+    body: Mapping[str, Any] | None,
+    headers: Mapping[str, str],
+) -> Response:
+    plan = await fleet.plan(route, body, headers)
+    if plan is None:
+        return JSONResponse(error_body(503, "no backend is ready", "no_backend"), status_code=503)
+    upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
+    attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
+    attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
+    errors: list[str] = []
+    for name, reason in attempts:
+        backend = fleet.backends.get(name)
+        if backend is None or (reason == "failover" and not backend.usable):
+            continue
+        failed = fleet.backends.get(attempts[0][0])
+        if reason == "failover" and failed is not None:
+            fleet.metrics.failover(failed)
+        try:
+            return await _attempt(fleet, plan, backend, reason, path, raw, upstream_headers)
+        except UpstreamFailed as exc:
+            errors.append(f"{name}: {exc}")
+            log.warning("backend %s failed before the first byte: %s", name, exc)
+    return JSONResponse(
+        error_body(502, "every backend tried failed: " + "; ".join(errors), "backend_failed"),
+        status_code=502,
+    )
+
+
+async def _attempt(
+    fleet: Fleet,
+    plan: Plan,
+    backend: Backend,
+    reason: Reason,
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+) -> Response:
+    fleet.started(plan, backend, reason)
+    done = False
+
+    def finish(outcome: str, usage: Mapping[str, Any] | None, first_byte: float | None) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fleet.finished(
+                plan, backend, reason, outcome=outcome, usage=usage, first_byte=first_byte
+            )
+
+    request = fleet.client.build_request(
+        "POST",
+        f"{backend.url}{path}",
+        content=raw,
+        headers=headers,
+        timeout=httpx.Timeout(10.0, read=600.0),
+    )
+    try:
+        upstream = await fleet.client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
+        finish("failed", None, None)
+        raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+    if upstream.status_code >= 500:
+        text = (await _read_quietly(upstream))[:300]
+        await upstream.aclose()
+        fleet.passive_failure(backend, f"HTTP {upstream.status_code}")
+        finish("failed", None, None)
+        raise UpstreamFailed(f"HTTP {upstream.status_code}: {text.decode(errors='replace')}")
+    out_headers = {k: upstream.headers[k] for k in _PASSED_BACK if k in upstream.headers}
+    out_headers[BACKEND_HEADER] = backend.name
+    out_headers[REASON_HEADER] = reason
+    streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    chunks = upstream.aiter_raw()
+    try:  # the first byte decides whether a retry is still possible
+        first = await (_first_progress(chunks) if streaming else anext(chunks, b""))
+    except httpx.HTTPError as exc:
+        await upstream.aclose()
+        fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
+        finish("failed", None, None)
+        raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+    first_byte = time.monotonic() - plan.started
+
+    if not streaming:
+        try:
+            content = first + b"".join([c async for c in chunks])
+        except httpx.HTTPError as exc:
+            fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
+            finish("failed", None, first_byte)
+            raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            await upstream.aclose()
+        usage = _usage_of(content) if upstream.status_code == 200 else None
+        finish("ok" if upstream.status_code < 400 else "client_error", usage, first_byte)
+        return Response(content, status_code=upstream.status_code, headers=out_headers)
+
+    async def relay() -> AsyncIterator[bytes]:
+        usage = _UsageScanner()
+        outcome = "cancelled"  # the client went away, unless we get to the end
+        try:
+            usage.feed(first)
+            yield first
+            try:
+                async for chunk in chunks:
+                    usage.feed(chunk)
+                    yield chunk
+            except httpx.HTTPError as exc:
+                outcome = "cut"
+                fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
+                message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
+                yield (
+                    b"data: "
+                    + json.dumps(error_body(502, message, "backend_stream_cut")).encode()
+                    + b"\n\n"
+                )
+                return
+            outcome = "ok"
+        finally:
+            await upstream.aclose()
+            finish(outcome, usage.found, first_byte)
+
+    return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
+
+
+async def _first_progress(chunks: AsyncIterator[bytes]) -> bytes:
+    """A stream's bytes up to its first event that carries output (text, a tool call, a
+    finish, usage, an error, the end). Daemons open with an empty assistant-role event
+    before they have computed anything; holding it back keeps a failure during prefill
+    retryable, since the client has seen nothing yet."""
+    held = b""
+    async for chunk in chunks:
+        held += chunk
+        events = held.split(b"\n\n")
+        if any(_carries_output(e) for e in events[:-1]) or len(held) > 1 << 20:
+            return held
+    return held
+
+
+def _carries_output(event: bytes) -> bool:
+    data = event.strip()
+    if not data.startswith(b"data:"):
+        return bool(data) and not data.startswith(b":")  # an unexpected line: pass it on
+    data = data[5:].strip()
+    if data == b"[DONE]":
+        return True
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return True
+    if not isinstance(payload, dict) or payload.get("error") or payload.get("usage"):
+        return True
+    for choice in payload.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("finish_reason") or choice.get("text") or delta.get("tool_calls"):
+            return True
+        if delta.get("content"):
+            return True
+    return False
+
+
+async def _read_quietly(response: httpx.Response) -> bytes:
+    try:
+        return await response.aread()
+    except httpx.HTTPError:
+        return b""
+
+
+def _usage_of(content: bytes) -> dict[str, Any] | None:
+    try:
+        usage = json.loads(content).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
+class _UsageScanner:
+    """Finds the `usage` of an SSE stream (the chunk `stream_options.include_usage` adds)
+    without holding the stream: only the current partial line is kept."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.found: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > 1 << 20:
+            self._partial = b""  # a line this long is no usage chunk
+        for line in lines:
+            if line.startswith(b"data: {") and b'"usage"' in line:
+                try:
+                    usage = json.loads(line[6:]).get("usage")
+                except ValueError:
+                    continue
+                if isinstance(usage, dict):
+                    self.found = usage

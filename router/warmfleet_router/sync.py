@@ -1,0 +1,266 @@
+"""Keeping each backend's entry current: health checks, its cache events, its warm sets.
+
+Health: `GET /readyz` every `health_interval`; a failed request or a 5xx seen by the
+proxy marks it down at once (passive check), the next good probe brings it back.
+Cache events: the daemon's layout, then a snapshot, then the event stream from the
+snapshot's sequence number; a gap (a sequence number skipped, a heartbeat ahead of the
+last event) or a `reset` line means fetch a new snapshot; a dropped connection means
+reconnect after the last event seen (the daemon replays what it still buffers). A
+backend without these routes (any OpenAI server) stays on history estimates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from warmfleet_daemon.cache_layout import CacheLayout
+from warmfleet_router.backend import Backend
+from warmfleet_router.index import BlockIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    health_interval: float = 2.0
+    warm_sets_interval: float = 10.0
+    heartbeat: float = 5.0  # asked of the daemon; a stream silent for 3x this is dead
+    retry: float = 2.0
+
+
+class ResyncNeeded(Exception):
+    """The index has missed events: fetch a snapshot."""
+
+
+# Registers a layout and returns when a keyer for it is ready (built off the loop).
+LayoutSink = Callable[[CacheLayout], Awaitable[None]]
+OnIndexEvent = Callable[[Backend, str], None]  # (backend, "resync" | "event")
+
+
+class BackendSync:
+    """The tasks that follow one backend."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        client: httpx.AsyncClient,
+        index: BlockIndex,
+        layouts: LayoutSink,
+        options: SyncOptions,
+        on_index: OnIndexEvent | None = None,
+    ) -> None:
+        self.backend = backend
+        self._client = client
+        self._index = index
+        self._layouts = layouts
+        self._options = options
+        self._on_index = on_index
+        self._tasks: list[asyncio.Task[None]] = []
+        self._checked = asyncio.Event()
+
+    def start(self) -> None:
+        name = self.backend.name
+        self._tasks = [
+            asyncio.create_task(self._health_loop(), name=f"health-{name}"),
+            asyncio.create_task(self._events_loop(), name=f"events-{name}"),
+            asyncio.create_task(self._warm_sets_loop(), name=f"warm-sets-{name}"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._index.forget(self.backend.name)
+
+    async def first_check(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._checked.wait(), timeout)
+
+    # -- health -------------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        backend = self.backend
+        try:
+            r = await self._client.get(f"{backend.url}/readyz", timeout=5.0)
+        except httpx.HTTPError as exc:
+            backend.set_health("down", f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._checked.set()
+        if r.status_code == 200:
+            backend.set_health("ready")
+            return
+        status = _json_field(r, "status")
+        backend.set_health(
+            "draining" if status == "draining" else "unready", status or r.text[:200]
+        )
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.check_health()
+            await asyncio.sleep(self._options.health_interval)
+
+    # -- warm sets ----------------------------------------------------------------
+
+    async def _warm_sets_loop(self) -> None:
+        backend = self.backend
+        while True:
+            if backend.usable:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    r = await self._client.get(
+                        f"{backend.url}/v1/warm-sets", headers=backend.admin_headers(), timeout=5.0
+                    )
+                    if r.status_code == 200:
+                        backend.warm_sets = [
+                            {
+                                "namespace": s.get("namespace"),
+                                "name": s.get("name"),
+                                "warm": s.get("warm"),
+                                "total": s.get("total"),
+                            }
+                            for s in r.json().get("sets", [])
+                        ]
+            await asyncio.sleep(self._options.warm_sets_interval)
+
+    # -- cache events ---------------------------------------------------------------
+
+    async def _events_loop(self) -> None:
+        backend = self.backend
+        need_snapshot = True
+        while True:
+            try:
+                if need_snapshot:
+                    await self._resync()
+                    need_snapshot = False
+                await self._follow()
+            except ResyncNeeded as exc:
+                log.info("%s: cache index resync (%s)", backend.name, exc)
+                need_snapshot = True
+                continue
+            except _NoEvents as exc:
+                if backend.index_mode != "history":
+                    log.warning(
+                        "%s: no cache events (%s); estimating from history", backend.name, exc
+                    )
+                    self._index.forget(backend.name)
+                backend.index_mode = "history"
+                need_snapshot = True
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                # Connection lost: keep what is known, reconnect after the last event.
+                backend.last_error = f"events: {type(exc).__name__}: {exc}"
+                if backend.index_mode == "resyncing":
+                    need_snapshot = True
+            await asyncio.sleep(self._options.retry)
+
+    async def _resync(self) -> None:
+        backend = self.backend
+        backend.index_mode = "resyncing"
+        headers = backend.admin_headers()
+        snap = await self._get_json("/v1/cache/snapshot", headers)
+        if snap.get("fingerprint") != backend.fingerprint:
+            layout = CacheLayout.model_validate(await self._get_json("/v1/cache/layout", headers))
+            await self._layouts(layout)
+            backend.fingerprint, backend.model = layout.fingerprint, layout.model
+        self._index.load_snapshot(
+            backend.name,
+            ((bytes.fromhex(b["key"]), bool(b.get("logits"))) for b in snap["blocks"]),
+        )
+        backend.epoch, backend.seq = str(snap["epoch"]), int(snap["seq"])
+        backend.index_mode = "following"
+        backend.last_error = ""
+        backend.resyncs += 1
+        if self._on_index:
+            self._on_index(backend, "resync")
+
+    async def _follow(self) -> None:
+        backend = self.backend
+        params: dict[str, str | int | float] = {
+            "after": backend.seq,
+            "epoch": backend.epoch or "",
+            "heartbeat": self._options.heartbeat,
+        }
+        timeout = httpx.Timeout(10.0, read=3 * self._options.heartbeat)
+        async with self._client.stream(
+            "GET",
+            f"{backend.url}/v1/cache/events",
+            params=params,
+            headers=backend.admin_headers(),
+            timeout=timeout,
+        ) as r:
+            if r.status_code != 200:
+                await r.aread()
+                _raise_for_events(r)
+            async for line in r.aiter_lines():
+                if line.strip():
+                    self.apply(json.loads(line))
+
+    def apply(self, event: dict[str, Any]) -> None:
+        """Apply one line of the event stream (raises ResyncNeeded on a gap)."""
+        backend, index = self.backend, self._index
+        kind = event.get("type")
+        if kind == "hello":
+            if event.get("epoch") != backend.epoch:
+                raise ResyncNeeded("the daemon restarted")
+            return
+        if kind == "reset":
+            raise ResyncNeeded(f"daemon says reset: {event.get('reason')}")
+        if kind == "heartbeat":
+            if int(event["seq"]) != backend.seq:
+                raise ResyncNeeded(f"heartbeat at {event['seq']}, index at {backend.seq}")
+            return
+        seq = int(event["seq"])
+        if seq != backend.seq + 1:
+            raise ResyncNeeded(f"event {seq} after {backend.seq}")
+        if kind == "stored":
+            index.stored(backend.name, bytes.fromhex(event["key"]), bool(event.get("logits")))
+        elif kind == "evicted":
+            index.evicted(backend.name, bytes.fromhex(event["key"]))
+        elif kind == "cleared":
+            index.cleared(backend.name)
+        backend.seq = seq
+        if self._on_index:
+            self._on_index(backend, "event")
+
+    async def _get_json(self, path: str, headers: dict[str, str]) -> dict[str, Any]:
+        r = await self._client.get(f"{self.backend.url}{path}", headers=headers, timeout=30.0)
+        if r.status_code != 200:
+            _raise_for_events(r)
+        body = r.json()
+        if not isinstance(body, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return body
+
+
+class _NoEvents(Exception):
+    """This backend serves no cache events to us (not a warmfleet daemon, no token...)."""
+
+
+def _raise_for_events(r: httpx.Response) -> None:
+    if r.status_code in (404, 405):
+        raise _NoEvents(f"{r.request.url.path}: {r.status_code} (not a warmfleet daemon?)")
+    if r.status_code in (401, 403):
+        raise _NoEvents(
+            f"{r.request.url.path}: {r.status_code}: the admin token is missing or wrong"
+        )
+    raise httpx.HTTPStatusError(
+        f"{r.request.url.path}: HTTP {r.status_code}", request=r.request, response=r
+    )
+
+
+def _json_field(r: httpx.Response, key: str) -> str | None:
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    value = body.get(key) if isinstance(body, dict) else None
+    return str(value) if value is not None else None

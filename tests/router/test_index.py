@@ -1,0 +1,158 @@
+"""The router's block index and the event stream's bookkeeping, with fake blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from warmfleet_daemon.chunking import plan_chunks, root_key
+from warmfleet_router.backend import Backend, BackendSpec
+from warmfleet_router.index import BlockIndex
+from warmfleet_router.keys import RequestBlocks
+from warmfleet_router.sync import BackendSync, ResyncNeeded, SyncOptions
+
+ROOT = root_key("m")
+
+
+def blocks(tokens: list[int], block: int = 4) -> RequestBlocks:
+    chunks = plan_chunks(tokens, block_size=block, root=ROOT)
+    return RequestBlocks(tuple(c.key for c in chunks), tuple(c.end for c in chunks), len(tokens))
+
+
+SHARED = list(range(1, 13))  # three blocks
+REQUEST = blocks([*SHARED, 40, 41])  # the three shared blocks and a final one
+
+
+def test_prediction_is_the_longest_held_run_from_the_first_block() -> None:
+    index = BlockIndex()
+    held = blocks(SHARED)
+    index.load_snapshot("a", [(held.keys[0], False), (held.keys[2], False)])  # hole at 1
+    assert index.predict("a", REQUEST) == 4
+    index.stored("a", held.keys[1], False)
+    assert index.predict("a", REQUEST) == 12
+    index.evicted("a", held.keys[2])
+    assert index.predict("a", REQUEST) == 8
+    index.cleared("a")
+    assert index.predict("a", REQUEST) == 0
+    assert index.predict("unknown", REQUEST) == 0
+
+
+def test_the_final_block_counts_only_with_its_logits() -> None:
+    index = BlockIndex()
+    index.load_snapshot("a", [(k, False) for k in REQUEST.keys])  # e.g. warmed, no logits
+    assert index.predict("a", REQUEST) == 12  # the engine recomputes the last chunk
+    index.stored("a", REQUEST.keys[-1], True)  # an exact repeat stored its logits
+    assert index.predict("a", REQUEST) == 14
+
+
+def test_history_estimates_for_backends_without_events() -> None:
+    index = BlockIndex(history_blocks=5)
+    index.routed("plain", REQUEST)
+    assert not index.is_precise("plain")
+    assert index.predict("plain", REQUEST) == 14
+    index.routed("plain", blocks([7, 7, 7, 7, 8, 8, 8, 8]))  # two more: the oldest go
+    assert index.size("plain") == 5
+    assert index.predict("plain", REQUEST) == 0  # its first block was forgotten
+    index.load_snapshot("precise", [])
+    index.routed("precise", REQUEST)  # events, not routing, say what a daemon holds
+    assert index.predict("precise", REQUEST) == 0
+
+
+def make_sync() -> tuple[BackendSync, Backend, BlockIndex]:
+    backend = Backend(BackendSpec("a", "http://a"))
+    index = BlockIndex()
+
+    async def no_layout(_: object) -> None:
+        return None
+
+    sync = BackendSync(backend, httpx.AsyncClient(), index, no_layout, SyncOptions())
+    backend.epoch, backend.seq = "e1", 10
+    index.load_snapshot("a", [])
+    return sync, backend, index
+
+
+def event(seq: int, kind: str, key: bytes = b"", logits: bool = False) -> dict[str, object]:
+    return {"seq": seq, "type": kind, "key": key.hex(), "logits": logits}
+
+
+def test_events_in_sequence_update_the_index() -> None:
+    sync, backend, index = make_sync()
+    sync.apply({"type": "hello", "epoch": "e1", "seq": 12})
+    sync.apply(event(11, "stored", REQUEST.keys[0]))
+    sync.apply(event(12, "stored", REQUEST.keys[1]))
+    sync.apply({"type": "heartbeat", "seq": 12})
+    assert backend.seq == 12 and index.predict("a", REQUEST) == 8
+    sync.apply(event(13, "evicted", REQUEST.keys[1]))
+    assert index.predict("a", REQUEST) == 4
+    sync.apply({"seq": 14, "type": "cleared"})
+    assert index.size("a") == 0 and backend.seq == 14
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        event(12, "stored", b"x" * 16),  # 11 is missing
+        {"type": "heartbeat", "seq": 11},  # the daemon sent an event we never saw
+        {"type": "hello", "epoch": "e2", "seq": 0},  # the daemon restarted
+        {"type": "reset", "reason": "gap"},
+    ],
+)
+def test_a_gap_a_restart_or_a_reset_means_resync(line: dict[str, object]) -> None:
+    sync, backend, _ = make_sync()
+    with pytest.raises(ResyncNeeded):
+        sync.apply(line)
+    assert backend.seq == 10  # nothing applied
+
+
+def test_resync_after_a_gap_against_a_fake_daemon() -> None:
+    """The events loop: snapshot, stream with a gap, a new snapshot, then in sync."""
+    served = {"snapshots": 0}
+    key_a, key_b = REQUEST.keys[0], REQUEST.keys[1]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/cache/snapshot":
+            served["snapshots"] += 1
+            if served["snapshots"] == 1:
+                return httpx.Response(
+                    200, json={"epoch": "e1", "seq": 1, "fingerprint": None, "blocks": []}
+                )
+            blocks_now = [
+                {"key": key_a.hex(), "logits": False},
+                {"key": key_b.hex(), "logits": False},
+            ]
+            return httpx.Response(
+                200, json={"epoch": "e1", "seq": 5, "fingerprint": None, "blocks": blocks_now}
+            )
+        if path == "/v1/cache/events":
+            after = int(request.url.params["after"])
+            if after == 1:  # event 2 was lost: 3 arrives first
+                body = [{"type": "hello", "epoch": "e1", "seq": 3}, event(3, "stored", key_a)]
+            else:
+                body = [{"type": "hello", "epoch": "e1", "seq": 5}, {"type": "heartbeat", "seq": 5}]
+            text = "".join(json.dumps(line) + "\n" for line in body)
+            return httpx.Response(200, text=text, headers={"content-type": "application/x-ndjson"})
+        return httpx.Response(404)
+
+    async def scenario() -> tuple[int, int, str, int]:
+        backend = Backend(BackendSpec("a", "http://a"))
+        index = BlockIndex()
+
+        async def no_layout(_: object) -> None:
+            return None
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            sync = BackendSync(backend, client, index, no_layout, SyncOptions(retry=0.01))
+            task = asyncio.create_task(sync._events_loop())
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if served["snapshots"] >= 2 and backend.seq == 5:
+                    break
+            task.cancel()
+        return served["snapshots"], backend.seq, backend.index_mode, index.predict("a", REQUEST)
+
+    snapshots, seq, mode, predicted = asyncio.run(scenario())
+    assert (snapshots, seq, mode, predicted) == (2, 5, "following", 8)
