@@ -231,8 +231,12 @@ def test_operator_rbac_with_watch_namespaces_is_namespaced() -> None:
         if d["metadata"]["name"] == "wf-operator-secrets"
     }
     assert secret_roles == {"warmfleet", "tokens"}
-    bindings = [d for d in by_kind(docs, "RoleBinding")]
-    assert all(b["subjects"][0]["name"] == "wf-op" for b in bindings)
+    bindings = by_kind(docs, "RoleBinding")
+    router = [b for b in bindings if b["metadata"]["name"] == "wf-router-secrets"]
+    assert all(b["subjects"][0]["name"] == "wf-op" for b in bindings if b not in router)
+    # The router reads the WarmNodes' token Secrets through the same Role, nothing more.
+    assert {b["metadata"]["namespace"] for b in router} == secret_roles
+    assert {b["roleRef"]["name"] for b in router} == {"wf-operator-secrets"}
 
 
 def test_nothing_may_delete_and_only_the_operator_reads_secrets() -> None:
