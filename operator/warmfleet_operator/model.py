@@ -59,6 +59,7 @@ class Observation:
     reachable: bool
     status: WarmSetStatus | None = None  # None: the node does not have the set
     error: str | None = None
+    rejected: bool = False  # the node refused the push (4xx): retried with back-off
 
 
 @dataclass(frozen=True)

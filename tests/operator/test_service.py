@@ -24,8 +24,8 @@ pytestmark = pytest.mark.asyncio
 
 
 class NoTokens:
-    async def token(self, ref: SecretRef) -> str | None:
-        return None
+    async def token(self, ref: SecretRef) -> str:
+        raise AssertionError(f"no token configured, yet asked for {ref}")
 
 
 class SlowDaemon:
