@@ -206,10 +206,15 @@ async def test_printer_columns_evaluate_with_kubectl_jsonpath(tmp_path: Path) ->
         import httpx
 
         async with httpx.AsyncClient(base_url=url) as api:
-            await api.post(
-                "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets", json=wps
-            )
+            # As on a real server, a create drops status: it is written through /status.
+            merge = {"Content-Type": "application/merge-patch+json"}
+            sets = "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets"
+            await api.post(sets, json=wps)
+            await api.patch(f"{sets}/agents/status", json=wps, headers=merge)
             await api.post("/apis/warmfleet.io/v1alpha1/warmnodes", json=node)
+            await api.patch(
+                "/apis/warmfleet.io/v1alpha1/warmnodes/mac-mini-1/status", json=node, headers=merge
+            )
         for kind, target in [
             ("WarmPromptSet", ["warmpromptsets", "agents", "-n", "default"]),
             ("WarmNode", ["warmnodes", "mac-mini-1"]),

@@ -147,16 +147,18 @@ async def emulator() -> Any:
 
 async def test_emulator_versions_like_kube_apiserver(emulator: httpx.AsyncClient) -> None:
     path = "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets"
-    body = {"apiVersion": "warmfleet.io/v1alpha1", "kind": "WarmPromptSet"}
+    body = {"apiVersion": "warmfleet.io/v1alpha1", "kind": "WarmPromptSet", "spec": SPEC}
     created = (await emulator.post(path, json={**body, "metadata": {"name": "a"}})).json()
     meta = created["metadata"]
     assert meta["generation"] == 1 and meta["uid"] and meta["resourceVersion"]
 
     merge = {"Content-Type": "application/merge-patch+json"}
-    spec = (await emulator.patch(f"{path}/a", json={"spec": {"x": 1}}, headers=merge)).json()
+    spec = (await emulator.patch(f"{path}/a", json={"spec": {"pin": False}}, headers=merge)).json()
     assert spec["metadata"]["generation"] == 2
     assert spec["metadata"]["resourceVersion"] != meta["resourceVersion"]
-    status = await emulator.patch(f"{path}/a/status", json={"status": {"y": 1}}, headers=merge)
+    status = await emulator.patch(
+        f"{path}/a/status", json={"status": {"warmNodes": "0/0"}}, headers=merge
+    )
     assert status.json()["metadata"]["generation"] == 2  # status does not bump it
 
     # kopf's optimistic JSON patch with a stale resourceVersion: 422, nothing applied.
