@@ -171,3 +171,82 @@ async def test_emulator_versions_like_kube_apiserver(emulator: httpx.AsyncClient
     )
     assert r.status_code == 422 and r.json()["kind"] == "Status"
     assert "finalizers" not in (await emulator.get(f"{path}/a")).json()["metadata"]
+
+
+class RejectingDaemon:
+    """A daemon that refuses every push with 422, and counts them."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            self.puts += 1
+            error = {"message": "prompt 'p' is too long", "type": "invalid_request_error"}
+            return httpx.Response(422, json={"error": error})
+        return httpx.Response(404, json={"error": {"message": "no such set"}})
+
+
+async def test_a_rejected_push_is_reported_and_not_repeated_for_the_same_content() -> None:
+    daemon = RejectingDaemon()
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))
+    service = Service(client, rejection_backoff=60)
+    node = Node("d1", "http://d1", {})
+
+    async def reconcile(spec: dict[str, Any]) -> Any:
+        return await service.reconcile(
+            KEY, spec=spec, generation=1, uid="u", nodes=[node], configmaps={}, status=None
+        )
+
+    first = await reconcile(SPEC)
+    assert "pushed to" not in first.summary and "push failed on d1" in first.summary
+    ready = next(c for c in first.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PushRejected")
+    assert "too long" in first.status["nodes"][0]["error"]
+    again = await reconcile(SPEC)  # a resync: same content, same daemon process
+    assert daemon.puts == 1 and not again.pushes
+    assert next(c for c in again.status["conditions"] if c["type"] == "Ready")["reason"] == (
+        "PushRejected"
+    )
+    edited = {"prompts": [{"name": "p", "messages": [{"role": "system", "content": "hey"}]}]}
+    await reconcile(edited)  # new content: tried at once
+    assert daemon.puts == 2
+    await client.close()
+
+
+class RefusingDaemon:
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": {"message": "invalid admin token"}})
+
+
+async def test_a_daemon_refusing_the_token_is_reachable_but_unauthorized() -> None:
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(RefusingDaemon()))
+    service = Service(client)
+    node = Node("d1", "http://d1", {})
+    status = await service.probe(node)
+    assert status["reachable"] is True and "invalid admin token" in status["error"]
+    authorized = next(c for c in status["conditions"] if c["type"] == "Authorized")
+    assert (authorized["status"], authorized["reason"]) == ("False", "Unauthorized")
+    removal = await service.remove_everywhere(KEY, [node])  # no retries: it is not down
+    assert removal.refused == ["d1"] and removal.unreachable == []
+    await client.close()
+
+
+async def test_secrets_without_a_namespace_are_read_in_the_operators_own(
+    emulator: httpx.AsyncClient,
+) -> None:
+    import kopf
+
+    from warmfleet_operator.client import DaemonError, KubeClient
+
+    await emulator.post(
+        "/api/v1/namespaces/ops/secrets",
+        json={"metadata": {"name": "daemon-token", "namespace": "ops"}, "data": {"token": "czM="}},
+    )
+    kube = KubeClient()
+    kube.configure_from(kopf.ConnectionInfo(server=str(emulator.base_url), default_namespace="ops"))
+    assert await kube.token(SecretRef("daemon-token", "token")) == "s3"
+    with pytest.raises(DaemonError) as caught:
+        await kube.token(SecretRef("missing", "token"))
+    assert caught.value.status == 401 and "ops/missing" in caught.value.message
+    await kube.close()
