@@ -36,8 +36,12 @@ TOKEN = "e2e-admin-token-" + uuid.uuid4().hex
 SYSTEM = "You are the e2e assistant. " * 10
 
 
-def report(what: str, seconds: float) -> None:
-    print(f"e2e timing: {what}: {seconds:.1f} s", file=sys.__stderr__, flush=True)
+Record = Callable[[str, object], None]
+
+
+def report(record: Record, what: str, seconds: float) -> None:
+    """A measured time, printed at the end of the run (tests/e2e/conftest.py)."""
+    record(f"e2e timing: {what}", f"{seconds:.1f} s")
 
 
 def kubectl_binary() -> str:
@@ -305,7 +309,10 @@ AGENTS = [
 ]
 
 
-def test_apply_is_ready_as_soon_as_the_nodes_are_warm(fleet: Fleet) -> None:
+def test_apply_is_ready_as_soon_as_the_nodes_are_warm(
+    fleet: Fleet, record_property: Record
+) -> None:
+    record = record_property
     apply(fleet.node("a"), fleet.node("b"))
     t0 = time.monotonic()
     apply(wps(fleet, "agents", AGENTS))
@@ -315,9 +322,9 @@ def test_apply_is_ready_as_soon_as_the_nodes_are_warm(fleet: Fleet) -> None:
     )
     warm_at = time.monotonic()
     obj = ready(fleet, "agents", "2/2")
-    report("apply -> every daemon warm", warm_at - t0)
-    report("apply -> Ready=True", time.monotonic() - t0)
-    report("last daemon warm -> Ready=True", time.monotonic() - warm_at)
+    report(record, "apply -> every daemon warm", warm_at - t0)
+    report(record, "apply -> Ready=True", time.monotonic() - t0)
+    report(record, "last daemon warm -> Ready=True", time.monotonic() - warm_at)
     assert both and obj["status"]["warmNodes"] == "2/2"
     assert not any("error" in n for n in obj["status"]["nodes"])
     # printer columns: REASON only with -o wide
@@ -342,7 +349,8 @@ def test_apply_is_ready_as_soon_as_the_nodes_are_warm(fleet: Fleet) -> None:
     assert len(json.dumps({k: v for k, v in annotations.items() if "kubectl" not in k})) < 1024
 
 
-def test_a_prompt_edit_rewarms_only_that_prompt(fleet: Fleet) -> None:
+def test_a_prompt_edit_rewarms_only_that_prompt(fleet: Fleet, record_property: Record) -> None:
+    record = record_property
     daemon = fleet.daemons["a"]
     before = {p["name"]: p for p in held(daemon, fleet.namespace, "agents")["prompts"]}  # type: ignore[index]
     edited = [AGENTS[0], {"name": "b", "messages": [{"role": "system", "content": "Be terse."}]}]
@@ -356,7 +364,7 @@ def test_a_prompt_edit_rewarms_only_that_prompt(fleet: Fleet) -> None:
 
     wait(rewarmed, what="the edited prompt re-warmed")
     ready(fleet, "agents", "2/2")
-    report("prompt edit -> Ready=True (generation 2)", time.monotonic() - t0)
+    report(record, "prompt edit -> Ready=True (generation 2)", time.monotonic() - t0)
     after = {p["name"]: p for p in held(daemon, fleet.namespace, "agents")["prompts"]}  # type: ignore[index]
     assert after["a"]["warmed_at"] == before["a"]["warmed_at"]
 
@@ -371,30 +379,39 @@ def _restart(fleet: Fleet, name: str) -> float:
     return time.monotonic()
 
 
-def test_a_daemon_restarted_without_its_state_is_pushed_again(fleet: Fleet) -> None:
+def test_a_daemon_restarted_without_its_state_is_pushed_again(
+    fleet: Fleet, record_property: Record
+) -> None:
+    record = record_property
     up = _restart(fleet, "a")  # no --state-dir: it comes back empty
     daemon = fleet.daemons["a"]
     wait(lambda: held(daemon, fleet.namespace, "agents"), 30, what="re-push")
-    report("restart (no state dir) -> set pushed again", time.monotonic() - up)
+    report(record, "restart (no state dir) -> set pushed again", time.monotonic() - up)
     wait(lambda: all_warm(daemon, fleet.namespace, "agents"), what="re-warm")
     ready(fleet, "agents", "2/2")
-    report("restart (no state dir) -> Ready=True again", time.monotonic() - up)
+    report(record, "restart (no state dir) -> Ready=True again", time.monotonic() - up)
 
 
-def test_a_daemon_restarted_with_its_state_rewarms_by_itself(fleet: Fleet) -> None:
+def test_a_daemon_restarted_with_its_state_rewarms_by_itself(
+    fleet: Fleet, record_property: Record
+) -> None:
+    record = record_property
     up = _restart(fleet, "b")  # --state-dir: it restores the set and re-warms it
     daemon = fleet.daemons["b"]
     wait(lambda: all_warm(daemon, fleet.namespace, "agents"), 30, what="restored")
     ready(fleet, "agents", "2/2")
-    report("restart (state dir) -> Ready=True again", time.monotonic() - up)
+    report(record, "restart (state dir) -> Ready=True again", time.monotonic() - up)
 
 
-def test_relabelling_and_deleting_a_warm_node_unpins_its_daemon(fleet: Fleet) -> None:
+def test_relabelling_and_deleting_a_warm_node_unpins_its_daemon(
+    fleet: Fleet, record_property: Record
+) -> None:
+    record = record_property
     ns, a = fleet.namespace, fleet.daemons["a"]
     t0 = time.monotonic()
     apply(fleet.node("a", pool="elsewhere"))
     wait(lambda: held(a, ns, "agents") is None, 30, what="removed after relabel")
-    report("relabel out of the pool -> set removed", time.monotonic() - t0)
+    report(record, "relabel out of the pool -> set removed", time.monotonic() - t0)
     ready(fleet, "agents", "1/1")
     apply(fleet.node("a"))
     wait(lambda: all_warm(a, ns, "agents"), 30, what="pushed again after relabel")
@@ -403,14 +420,15 @@ def test_relabelling_and_deleting_a_warm_node_unpins_its_daemon(fleet: Fleet) ->
     t0 = time.monotonic()
     kubectl("delete", "warmnode", f"{ns}-a", "--timeout=30s")
     wait(lambda: held(a, ns, "agents") is None, 30, what="removed after WarmNode delete")
-    report("WarmNode delete -> set removed from its daemon", time.monotonic() - t0)
+    report(record, "WarmNode delete -> set removed from its daemon", time.monotonic() - t0)
     obj = ready(fleet, "agents", "1/1")
     assert [n["node"] for n in obj["status"]["nodes"]] == [f"{ns}-b"]
     apply(fleet.node("a"))
     ready(fleet, "agents", "2/2")
 
 
-def test_a_150kb_spec_is_handled_and_deleted(fleet: Fleet) -> None:
+def test_a_150kb_spec_is_handled_and_deleted(fleet: Fleet, record_property: Record) -> None:
+    record = record_property
     # 40 distinct prompts of ~3,750 characters: 150 KB, each within the tiny model's context.
     prompts = [
         {
@@ -426,7 +444,7 @@ def test_a_150kb_spec_is_handled_and_deleted(fleet: Fleet) -> None:
     t0 = time.monotonic()
     apply(body)  # client-side: kubectl's own annotation holds a copy, kopf's only a digest
     ready(fleet, "big", "2/2", timeout=300)
-    report("150 KB spec (40 prompts) apply -> Ready=True", time.monotonic() - t0)
+    report(record, "150 KB spec (40 prompts) apply -> Ready=True", time.monotonic() - t0)
     kubectl("delete", "wps", "big", "-n", fleet.namespace, "--timeout=60s")
     for daemon in fleet.daemons.values():
         assert held(daemon, fleet.namespace, "big") is None
