@@ -148,7 +148,7 @@ async def main(args: argparse.Namespace) -> None:
                 operator = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "warmfleet_daemon.cli", "operator", "-A",
                     "--liveness", "", "--resync-seconds", str(args.resync),
-                    "--probe-seconds", str(args.resync),
+                    "--probe-seconds", str(args.probe),
                     env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                     stdout=out, stderr=asyncio.subprocess.STDOUT,
                 )  # fmt: skip
@@ -185,7 +185,8 @@ async def main(args: argparse.Namespace) -> None:
     pairs = args.nodes * args.sets
     print(
         f"\n{args.nodes} WarmNodes x {args.sets} WarmPromptSets ({pairs} set-node pairs), "
-        f"resync and probe every {args.resync:.0f} s; the operator in its own process "
+        f"resync every {args.resync:.0f} s, probe every {args.probe:g} s; the operator in "
+        "its own process "
         f"(log: {log})\n"
     )
     print(f"{'phase':34} {'seconds':>8} {'k8s API':>8} {'daemon':>8} {'CPU s':>7}  needed")
@@ -296,4 +297,5 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--sets", type=int, default=20)
     parser.add_argument("--resync", type=float, default=30.0)
+    parser.add_argument("--probe", type=float, default=5.0, help="settled nodes' probe period")
     asyncio.run(main(parser.parse_args()))
