@@ -241,9 +241,7 @@ def test_every_field_is_explained(kind: str) -> None:
     missing = [
         path or "<root>"
         for path, node in walk(schema(kind))
-        if not node.get("description")
-        and path != ".metadata"
-        and not path.endswith(("[]", "{}"))
+        if not node.get("description") and path != ".metadata" and not path.endswith(("[]", "{}"))
     ]
     assert not missing, missing
 
