@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ from kubeemu import RESOURCES, Emulator  # noqa: E402
 
 API = "/apis/warmfleet.io/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
-LAST_HANDLED = "kopf.zalando.org/last-handled-configuration"
+LAST_HANDLED = "warmfleet.io/last-handled-digest"  # the operator's kopf diff base
 
 
 class FakeFleet:
@@ -253,9 +254,9 @@ async def wait_all(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in status.get("conditions") or []
             )
-            # kopf's mark that its handlers for this spec have finished
+            # kopf's mark that its handlers for this spec have finished (a digest)
             last = (obj["metadata"].get("annotations") or {}).get(LAST_HANDLED)
-            handled = last is not None and json.loads(last).get("spec") == obj["spec"]
+            handled = last is not None and json.loads(last).get("spec") == digest(obj["spec"])
             done += (
                 ready
                 and handled
@@ -265,6 +266,12 @@ async def wait_all(
         if done == len(generations):
             return
         await asyncio.sleep(0.1)
+
+
+def digest(value: Any) -> str:
+    """As the operator's DigestDiffBase keeps it."""
+    raw = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def kubeconfig_for(url: str) -> dict[str, Any]:

@@ -305,14 +305,14 @@ async def node_changed(memo: kopf.Memo, **_: Any) -> None:
     memo.retarget.trigger(lambda: _retarget(memo))
 
 
-@kopf.on.event(GROUP, VERSION, "warmnodes")
-async def node_deleted(
-    type: str, body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any
-) -> None:
+def _deleted(type: str, **_: Any) -> bool:
+    return type == "DELETED"
+
+
+@kopf.on.event(GROUP, VERSION, "warmnodes", when=_deleted)  # not a call per status write
+async def node_deleted(body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -> None:
     """A WarmNode is gone (no finalizer: deleting one never waits for the operator):
     unpin our sets on its daemon, then re-target, so statuses drop it."""
-    if type != "DELETED":
-        return
     node = Node.from_object(dict(body))
     held = set((body.get("status") or {}).get("warmSets") or []) | {
         str(k) for k in memo.service.held.sets(node)
