@@ -405,14 +405,14 @@ async def _retarget(memo: kopf.Memo) -> None:
 async def _follow(memo: kopf.Memo) -> None:
     """Reconcile the sets the probes (or a fleet change) flagged, and write their status."""
     warmpromptsets, warmnodes, configmaps = memo.indices
-    while memo.pending:
-        key = memo.pending.pop()
+
+    async def one(key: SetKey) -> None:
         found = warmpromptsets.get((key.namespace, key.name))
         if not found:
-            continue
+            return
         wps = next(iter(found))
         if (wps.get("metadata") or {}).get("deletionTimestamp"):
-            continue  # the delete handler owns it now
+            return  # the delete handler owns it now
         try:
             status = await _reconcile(
                 memo, key, kopf.Body(wps), warmnodes, configmaps, log, fresh=False
@@ -421,6 +421,11 @@ async def _follow(memo: kopf.Memo) -> None:
                 await memo.kube.patch_set_status(key, status)
         except Exception:  # the resync timer tries again shortly
             log.exception("reconciling %s failed", key)
+
+    while memo.pending:  # sets in parallel; daemon calls are bounded by the client
+        keys = list(memo.pending)
+        memo.pending.difference_update(keys)
+        await asyncio.gather(*(one(k) for k in keys))
 
 
 def _set_keys(warmpromptsets: kopf.Index[tuple[str, str], Any]) -> set[SetKey]:

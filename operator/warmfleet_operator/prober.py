@@ -34,6 +34,7 @@ class _NodeState:
     due: float = 0.0
     task: asyncio.Task[None] | None = None
     progress: dict[SetKey, Progress] = field(default_factory=dict)
+    seen: bool = False  # probed by this process already
 
 
 class Prober:
@@ -108,8 +109,11 @@ class Prober:
             }
             keys = changed_sets(before, status, state.progress, progress)
             state.progress = progress
-            if keys is None or keys:
+            # The first probe only sets the baseline: at start-up kopf's resume handlers
+            # reconcile every set, and a new WarmNode re-targets them.
+            if state.seen and (keys is None or keys):
                 self.on_change(node, keys)
+            state.seen = True
             busy = not status.get("reachable") or any(w < t for _, _, w, t in progress.values())
         except Exception:  # the next probe tries again
             log.exception("probing %s failed", node.name)

@@ -358,10 +358,17 @@ class HeldSets:
     def __init__(self, max_age: float) -> None:
         self.max_age = max_age
         self._nodes: dict[str, tuple[float, dict[SetKey, WarmSetStatus]]] = {}
+        self._raw: dict[str, list[Any]] = {}  # the last probe's list, as received
 
     def record(self, node: Node, warm_sets: Iterable[Mapping[str, Any]]) -> None:
+        raw = list(warm_sets)
+        if node.url in self._nodes and self._raw.get(node.url) == raw:
+            # Unchanged since the last probe (the usual case): no parsing again.
+            self._nodes[node.url] = (time.monotonic(), self._nodes[node.url][1])
+            return
+        self._raw[node.url] = raw
         try:
-            parsed = [WarmSetStatus.model_validate(s) for s in warm_sets]
+            parsed = [WarmSetStatus.model_validate(s) for s in raw]
         except ValidationError:  # a daemon of another version: ask it set by set
             self.forget(node)
             return
@@ -380,6 +387,7 @@ class HeldSets:
         return dict(self._nodes.get(node.url, (0.0, {}))[1])
 
     def update(self, node: Node, key: SetKey, status: WarmSetStatus | None) -> None:
+        self._raw.pop(node.url, None)  # the next probe is parsed in full
         if node.url in self._nodes:
             held = self._nodes[node.url][1]
             if status is None:
@@ -389,6 +397,7 @@ class HeldSets:
 
     def forget(self, node: Node) -> None:
         self._nodes.pop(node.url, None)
+        self._raw.pop(node.url, None)
 
 
 def now() -> str:
