@@ -27,10 +27,11 @@ log = logging.getLogger(__name__)
 class DaemonError(Exception):
     """A daemon answered with an error, or could not be reached."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, sent: bool = True) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.sent = sent  # False: nothing reached the daemon (no token to send)
 
     @property
     def unreachable(self) -> bool:
@@ -95,6 +96,16 @@ class DaemonClient:
         r = await self._call(node, "DELETE", path, ok=(200, 404))
         return r.status_code == 200
 
+    async def healthy(self, node: Node) -> bool:
+        """Whether the daemon answers its public /healthz (no token needed)."""
+        try:
+            async with self._slots:
+                self.calls += 1
+                r = await self._http.get(f"{node.url}/healthz")
+        except httpx.TransportError:
+            return False
+        return r.status_code == 200
+
     async def status(self, node: Node) -> dict[str, Any]:
         r = await self._call(node, "GET", "/v1/status", ok=(200,))
         return dict(r.json())
@@ -104,7 +115,11 @@ class DaemonClient:
     ) -> httpx.Response:
         headers = {}
         if node.token_ref is not None:
-            token = await self.tokens.token(node.token_ref)
+            try:
+                token = await self.tokens.token(node.token_ref)
+            except DaemonError as exc:
+                exc.sent = False
+                raise
             headers["Authorization"] = f"Bearer {token}"
         url = f"{node.url}{path}"
         for attempt in range(1, self.attempts + 1):

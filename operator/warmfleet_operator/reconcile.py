@@ -227,10 +227,11 @@ def set_status(
     warm_nodes = sum(1 for e in current if e["total"] and e["warm"] == e["total"])
     unreachable = [n.name for n in selected if not _reachable(observations.get(n.name))]
     rejected = [n.name for n in selected if _rejected(observations.get(n.name))]
+    refused = [n.name for n in selected if _unauthorized(observations.get(n.name))]
     failed = [
         e["node"]
         for e in nodes
-        if e.get("error") and e["node"] not in unreachable and e["node"] not in rejected
+        if e.get("error") and e["node"] not in {*unreachable, *rejected, *refused}
     ]
 
     if invalid is not None:
@@ -247,13 +248,19 @@ def set_status(
             ready = ("True", "AllWarm", f"every prompt is warm on {total}/{total} nodes")
         elif unreachable:
             ready = ("False", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")
+        elif refused:
+            ready = (
+                "False",
+                "Unauthorized",
+                f"admin token refused or missing: {', '.join(refused)}",
+            )
         elif rejected:
             ready = ("False", "PushRejected", f"rejected by: {', '.join(rejected)}")
         elif failed:
             ready = ("False", "WarmUpFailed", f"prompts failed on: {', '.join(failed)}")
         else:
             ready = ("False", "Warming", f"{warm_nodes}/{total} nodes warm")
-        busy = warm_nodes < total and not unreachable and not failed and not rejected
+        busy = warm_nodes < total and not (unreachable or failed or rejected or refused)
         progressing = (
             ("True", "Warming", f"{warm_nodes}/{total} nodes warm")
             if busy
@@ -261,6 +268,12 @@ def set_status(
         )
         if unreachable:
             degraded = ("True", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")
+        elif refused:
+            degraded = (
+                "True",
+                "Unauthorized",
+                "; ".join(f"{e['node']}: {e['error']}" for e in nodes if e["node"] in refused),
+            )
         elif rejected:
             degraded = (
                 "True",
@@ -332,6 +345,10 @@ def _reachable(seen: Observation | None) -> bool:
 
 def _rejected(seen: Observation | None) -> bool:
     return seen is not None and seen.rejected
+
+
+def _unauthorized(seen: Observation | None) -> bool:
+    return seen is not None and seen.unauthorized
 
 
 def _is_current(seen: Observation | None, desired: WarmSetSpec) -> bool:

@@ -237,14 +237,17 @@ class Service:
         except DaemonError as exc:
             self.held.forget(node)
             message = exc.message[:1024]
-            if exc.auth:  # it answered: up, but it refuses us (or we have no token)
+            # Up but refusing us, or no token to send (then /healthz says if it is up).
+            if exc.auth and (exc.sent or await self.daemons.healthy(node)):
+                reason = "Unauthorized" if exc.sent else "TokenUnavailable"
+                answered = "the daemon answered" if exc.sent else "the daemon answers /healthz"
                 return {
                     "reachable": True,
                     "lastProbe": stamp,
                     "error": message,
                     "conditions": [
-                        _condition("Reachable", True, "Answered", "the daemon answered"),
-                        _condition("Authorized", False, "Unauthorized", message),
+                        _condition("Reachable", True, "Answered", answered),
+                        _condition("Authorized", False, reason, message),
                     ],
                 }
             return {
@@ -297,7 +300,9 @@ class Service:
         try:
             held = await self.daemons.get_warm_set(node, key)
         except DaemonError as exc:
-            return Observation(node.name, not exc.unreachable, None, exc.message)
+            return Observation(
+                node.name, not exc.unreachable, None, exc.message, unauthorized=exc.auth
+            )
         self.held.update(node, key, held)
         return Observation(node.name, True, held)
 
@@ -314,7 +319,12 @@ class Service:
                 if rejected:
                     self._reject(push, key, exc.message)
                 return Observation(
-                    push.node.name, not exc.unreachable, None, exc.message, rejected=rejected
+                    push.node.name,
+                    not exc.unreachable,
+                    None,
+                    exc.message,
+                    rejected=rejected,
+                    unauthorized=exc.auth,
                 )
 
         results = await asyncio.gather(*(one(p) for p in pushes))

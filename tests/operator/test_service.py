@@ -250,3 +250,36 @@ async def test_secrets_without_a_namespace_are_read_in_the_operators_own(
         await kube.token(SecretRef("missing", "token"))
     assert caught.value.status == 401 and "ops/missing" in caught.value.message
     await kube.close()
+
+
+class MissingToken:
+    async def token(self, ref: SecretRef) -> str:
+        from warmfleet_operator.client import DaemonError
+
+        raise DaemonError(f"admin token Secret ops/{ref.name} not found", status=401)
+
+
+@pytest.mark.parametrize("up", [True, False])
+async def test_a_missing_token_is_not_mistaken_for_an_answer_or_an_outage(up: bool) -> None:
+    """Without a token nothing is sent to the admin routes: /healthz says if it is up."""
+
+    async def daemon(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/healthz" and "authorization" not in request.headers
+        if not up:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"status": "ok"})
+
+    client = DaemonClient(MissingToken(), transport=httpx.MockTransport(daemon))
+    service = Service(client)
+    node = Node("d1", "http://d1", {}, token_ref=SecretRef("daemon-token", "token"))
+    status = await service.probe(node)
+    assert status["reachable"] is up and "ops/daemon-token not found" in status["error"]
+    if up:
+        authorized = next(c for c in status["conditions"] if c["type"] == "Authorized")
+        assert authorized["reason"] == "TokenUnavailable"
+        outcome = await service.reconcile(
+            KEY, spec=SPEC, generation=1, uid="u", nodes=[node], configmaps={}, status=None
+        )
+        ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "Unauthorized")
+    await client.close()
