@@ -103,8 +103,10 @@ async def startup(
     # the pod's namespace), else the namespace kopf logs in with.
     memo.kube = KubeClient(default_namespace=os.environ.get("WARMFLEET_OPERATOR_NAMESPACE"))
     memo.daemons = DaemonClient(memo.kube)
-    # A resync may read what nodes hold from their recent probes.
-    memo.service = Service(memo.daemons, snapshot_max_age=2 * PROBE_SECONDS)
+    # Passes read what settled nodes hold from their recent probes (kept current by our
+    # pushes); the prober flags any change it sees, so the snapshot may be a few periods
+    # old, which a busy operator's probes can be, without asking every node again.
+    memo.service = Service(memo.daemons, snapshot_max_age=max(30.0, 3 * PROBE_SECONDS))
     memo.retarget = Coalesced(RETARGET_DELAY)
     memo.follow = Coalesced(FOLLOW_DELAY)
     memo.pending = set()  # sets to reconcile after probes saw them change
