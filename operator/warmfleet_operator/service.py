@@ -278,7 +278,11 @@ class Service:
             "cacheBudgetBytes": int(cache.get("budget_bytes") or 0),
             "hitRate": round(rate, 4),
             "hitRatePercent": f"{rate * 100:.1f}%",
-            "warmSets": sorted(f"{s['namespace']}/{s['name']}" for s in warm_sets or []),
+            "warmSets": (
+                sorted(f"{s['namespace']}/{s['name']}" for s in warm_sets)
+                if isinstance(warm_sets, list)
+                else None  # not shown to us: unknown, not empty
+            ),
             "conditions": [
                 _condition("Reachable", True, "Answered", "the daemon answered"),
                 _condition("Authorized", True, "Accepted", "the daemon accepts the admin token"),

@@ -283,3 +283,20 @@ async def test_a_missing_token_is_not_mistaken_for_an_answer_or_an_outage(up: bo
         ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("False", "Unauthorized")
     await client.close()
+
+
+async def test_a_status_without_the_warm_set_detail_is_not_read_as_empty() -> None:
+    """A daemon that shows only counts to callers without its admin token."""
+
+    async def daemon(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/status":
+            return httpx.Response(200, json={"instance_id": "i1", "warm_sets": 3})
+        return httpx.Response(404, json={"error": {"message": "no such set"}})
+
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))
+    service = Service(client, snapshot_max_age=60)
+    node = Node("d1", "http://d1", {})
+    status = await service.probe(node)
+    assert status["reachable"] is True and status["instanceId"] == "i1"
+    assert "warmSets" not in status and service.held.sets(node) == {}
+    await client.close()
