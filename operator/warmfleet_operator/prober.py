@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from warmfleet_operator.model import Node, SetKey
@@ -20,8 +20,6 @@ from warmfleet_operator.service import Service
 
 log = logging.getLogger(__name__)
 
-# (generation, source hash, warm, total): what a probe says about one set on one node.
-Progress = tuple[int, str | None, int, int]
 WriteStatus = Callable[[str, dict[str, Any]], Awaitable[None]]
 # Which sets changed on a node: a set of keys, or None for all of them (restart,
 # reachability or authorization changed).
@@ -33,7 +31,6 @@ class _NodeState:
     written: Mapping[str, Any]  # the status the WarmNode carries
     due: float = 0.0
     task: asyncio.Task[None] | None = None
-    progress: dict[SetKey, Progress] = field(default_factory=dict)
     seen: bool = False  # probed by this process already
 
 
@@ -103,18 +100,14 @@ class Prober:
             if changed(before, status):
                 await self.write_status(node.name, status_patch(before, status))
             state.written = status
-            progress = {
-                key: (s.generation, s.source_hash, s.warm, s.total)
-                for key, s in self.service.held.sets(node).items()
-            }
-            keys = changed_sets(before, status, state.progress, progress)
-            state.progress = progress
+            keys = changed_sets(before, status, self.service.held.changed.get(node.url, set()))
             # The first probe only sets the baseline: at start-up kopf's resume handlers
             # reconcile every set, and a new WarmNode re-targets them.
             if state.seen and (keys is None or keys):
                 self.on_change(node, keys)
             state.seen = True
-            busy = not status.get("reachable") or any(w < t for _, _, w, t in progress.values())
+            held = self.service.held.sets(node).values()
+            busy = not status.get("reachable") or any(s.warm < s.total for s in held)
         except Exception:  # the next probe tries again
             log.exception("probing %s failed", node.name)
             busy = True
@@ -128,18 +121,17 @@ def status_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[st
 
 
 def changed_sets(
-    before: Mapping[str, Any],
-    after: Mapping[str, Any],
-    was: Mapping[SetKey, Progress],
-    now: Mapping[SetKey, Progress],
+    before: Mapping[str, Any], after: Mapping[str, Any], sets: set[SetKey]
 ) -> set[SetKey] | None:
-    """The sets whose state on the node changed; None when every set is affected."""
+    """The sets to reconcile after a probe: those whose state on the node changed
+    (`sets`, beyond what our own pushes already told), or None for all of them when
+    the node restarted, or its reachability or authorization changed."""
     for field_name in ("reachable", "instanceId"):
         if before.get(field_name) != after.get(field_name):
             return None
     if _authorized(before) != _authorized(after):
         return None
-    return {k for k in set(was) | set(now) if was.get(k) != now.get(k)}
+    return sets
 
 
 def _authorized(status: Mapping[str, Any]) -> str | None:

@@ -373,9 +373,13 @@ class HeldSets:
         self.max_age = max_age
         self._nodes: dict[str, tuple[float, dict[SetKey, WarmSetStatus]]] = {}
         self._raw: dict[str, list[Any]] = {}  # the last probe's list, as received
+        # Per node, the sets whose state the last probe found different from what was
+        # known (from the probe before, or our own pushes and deletes since).
+        self.changed: dict[str, set[SetKey]] = {}
 
     def record(self, node: Node, warm_sets: Iterable[Mapping[str, Any]]) -> None:
         raw = list(warm_sets)
+        self.changed[node.url] = set()
         if node.url in self._nodes and self._raw.get(node.url) == raw:
             # Unchanged since the last probe (the usual case): no parsing again.
             self._nodes[node.url] = (time.monotonic(), self._nodes[node.url][1])
@@ -386,8 +390,12 @@ class HeldSets:
         except ValidationError:  # a daemon of another version: ask it set by set
             self.forget(node)
             return
+        before = self._nodes.get(node.url, (0.0, {}))[1]
         held = {SetKey(s.namespace, s.name): s for s in parsed}
         self._nodes[node.url] = (time.monotonic(), held)
+        self.changed[node.url] = {
+            k for k in set(before) | set(held) if _progress(before.get(k)) != _progress(held.get(k))
+        }
 
     def lookup(self, node: Node, key: SetKey) -> tuple[bool, WarmSetStatus | None]:
         """(known, status): known is False when there is no recent enough probe."""
@@ -412,6 +420,15 @@ class HeldSets:
     def forget(self, node: Node) -> None:
         self._nodes.pop(node.url, None)
         self._raw.pop(node.url, None)
+        self.changed.pop(node.url, None)
+
+
+def _progress(status: WarmSetStatus | None) -> tuple[int, str | None, int, int] | None:
+    return (
+        None
+        if status is None
+        else (status.generation, status.source_hash, status.warm, status.total)
+    )
 
 
 def now() -> str:

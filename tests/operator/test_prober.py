@@ -54,12 +54,28 @@ class Daemon:
 
 def test_changed_sets() -> None:
     up = {"reachable": True, "instanceId": "one"}
-    progress = {KEY: (1, "h", 0, 2)}
-    assert changed_sets(up, up, progress, progress) == set()
-    assert changed_sets(up, up, progress, {KEY: (1, "h", 2, 2)}) == {KEY}
-    assert changed_sets(up, up, progress, {}) == {KEY}  # the node lost it
-    assert changed_sets(up, {**up, "instanceId": "two"}, progress, progress) is None
-    assert changed_sets(up, {"reachable": False}, progress, {}) is None
+    assert changed_sets(up, up, set()) == set()
+    assert changed_sets(up, up, {KEY}) == {KEY}
+    assert changed_sets(up, {**up, "instanceId": "two"}, set()) is None
+    assert changed_sets(up, {"reachable": False}, set()) is None
+
+
+def test_held_sets_report_what_changed_beyond_our_own_pushes() -> None:
+    from warmfleet_daemon.contract import WarmSetStatus
+    from warmfleet_operator.service import HeldSets
+
+    held, node = HeldSets(60), Node("mac", "http://mac", {})
+    held.record(node, [warm_set(0)])
+    assert held.changed[node.url] == {KEY}  # new to us
+    held.record(node, [warm_set(0)])
+    assert held.changed[node.url] == set()
+    held.update(node, KEY, WarmSetStatus.model_validate(warm_set(1)))  # our push said so
+    held.record(node, [warm_set(1)])
+    assert held.changed[node.url] == set()  # nothing the push did not tell
+    held.record(node, [warm_set(2)])
+    assert held.changed[node.url] == {KEY}  # progress
+    held.record(node, [])
+    assert held.changed[node.url] == {KEY}  # lost
 
 
 def test_a_status_patch_leaves_nothing_of_an_older_probe() -> None:
