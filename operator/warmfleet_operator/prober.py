@@ -29,7 +29,9 @@ OnChange = Callable[[Node, set[SetKey] | None], None]
 @dataclass
 class _NodeState:
     written: Mapping[str, Any]  # the status the WarmNode carries
+    last: Mapping[str, Any]  # what the last probe found
     due: float = 0.0
+    written_at: float = 0.0
     task: asyncio.Task[None] | None = None
     seen: bool = False  # probed by this process already
 
@@ -45,6 +47,7 @@ class Prober:
         period: float = 5.0,
         fast: float = 0.5,
         tick: float = 0.1,
+        min_write_interval: float = 2.0,
     ) -> None:
         """`nodes()`: the WarmNodes and the status each carries. A node is probed every
         `period`, and every `fast` while a warm-up runs on it, after a push to it, or
@@ -56,6 +59,9 @@ class Prober:
         self.period = period
         self.fast = fast
         self.tick = tick
+        # A warming node's figures change at every fast probe: its WarmNode status is
+        # written at most this often (reachability and authorization at once).
+        self.min_write_interval = min_write_interval
         self._states: dict[str, _NodeState] = {}
         self._wakeup = asyncio.Event()
 
@@ -89,18 +95,20 @@ class Prober:
         for name, (node, status) in current.items():
             state = self._states.get(name)
             if state is None:
-                state = self._states[name] = _NodeState(written=status)
+                state = self._states[name] = _NodeState(written=status, last=status)
             if (state.task is None or state.task.done()) and now >= state.due:
                 state.task = asyncio.create_task(self._probe(node, state))
 
     async def _probe(self, node: Node, state: _NodeState) -> None:
         try:
             status = await self.service.probe(node)
-            before = state.written
-            if changed(before, status):
-                await self.write_status(node.name, status_patch(before, status))
-            state.written = status
+            before, state.last = state.last, status
             keys = changed_sets(before, status, self.service.held.changed.get(node.url, set()))
+            pending = changed(state.written, status)
+            now = time.monotonic()
+            if pending and (keys is None or now - state.written_at >= self.min_write_interval):
+                await self.write_status(node.name, status_patch(state.written, status))
+                state.written, state.written_at, pending = status, now, False
             # The first probe only sets the baseline: at start-up kopf's resume handlers
             # reconcile every set, and a new WarmNode re-targets them.
             if state.seen and (keys is None or keys):
@@ -108,6 +116,7 @@ class Prober:
             state.seen = True
             held = self.service.held.sets(node).values()
             busy = not status.get("reachable") or any(s.warm < s.total for s in held)
+            busy = busy or pending  # an unwritten status goes out at a fast probe
         except Exception:  # the next probe tries again
             log.exception("probing %s failed", node.name)
             busy = True
