@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ from kubeemu import RESOURCES, Emulator  # noqa: E402
 
 API = "/apis/warmfleet.io/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
-LAST_HANDLED = "kopf.zalando.org/last-handled-configuration"
+LAST_HANDLED = "warmfleet.io/last-handled-digest"  # the operator's kopf diff base
 
 
 class FakeFleet:
@@ -148,7 +149,7 @@ async def main(args: argparse.Namespace) -> None:
                 operator = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "warmfleet_daemon.cli", "operator", "-A",
                     "--liveness", "", "--resync-seconds", str(args.resync),
-                    "--probe-seconds", str(args.resync),
+                    "--probe-seconds", str(args.probe),
                     env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                     stdout=out, stderr=asyncio.subprocess.STDOUT,
                 )  # fmt: skip
@@ -185,7 +186,8 @@ async def main(args: argparse.Namespace) -> None:
     pairs = args.nodes * args.sets
     print(
         f"\n{args.nodes} WarmNodes x {args.sets} WarmPromptSets ({pairs} set-node pairs), "
-        f"resync and probe every {args.resync:.0f} s; the operator in its own process "
+        f"resync every {args.resync:.0f} s, probe every {args.probe:g} s; the operator in "
+        "its own process "
         f"(log: {log})\n"
     )
     print(f"{'phase':34} {'seconds':>8} {'k8s API':>8} {'daemon':>8} {'CPU s':>7}  needed")
@@ -252,9 +254,9 @@ async def wait_all(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in status.get("conditions") or []
             )
-            # kopf's mark that its handlers for this spec have finished
+            # kopf's mark that its handlers for this spec have finished (a digest)
             last = (obj["metadata"].get("annotations") or {}).get(LAST_HANDLED)
-            handled = last is not None and json.loads(last).get("spec") == obj["spec"]
+            handled = last is not None and json.loads(last).get("spec") == digest(obj["spec"])
             done += (
                 ready
                 and handled
@@ -264,6 +266,12 @@ async def wait_all(
         if done == len(generations):
             return
         await asyncio.sleep(0.1)
+
+
+def digest(value: Any) -> str:
+    """As the operator's DigestDiffBase keeps it."""
+    raw = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def kubeconfig_for(url: str) -> dict[str, Any]:
@@ -296,4 +304,5 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--sets", type=int, default=20)
     parser.add_argument("--resync", type=float, default=30.0)
+    parser.add_argument("--probe", type=float, default=5.0, help="settled nodes' probe period")
     asyncio.run(main(parser.parse_args()))

@@ -4,15 +4,24 @@ for tests that drive the operator through it."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
 import itertools
+import json
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonpatch
+import jsonschema
 import kmock
+import yaml
+
+CRDS = Path(__file__).resolve().parents[1] / "crds"
+MAX_ANNOTATIONS_BYTES = 262_144  # kube-apiserver: metadata.annotations in total
+MAX_OBJECT_BYTES = 1_572_864  # etcd's default --max-request-bytes (1.5 MiB)
 
 ALL_VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
 RESOURCES = {
@@ -32,12 +41,31 @@ RESOURCES = {
 }
 
 
+def crd_schemas() -> dict[str, dict[str, Any]]:
+    """plural -> the openAPIV3Schema of its served version, from crds/."""
+    out = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+        out[crd["spec"]["names"]["plural"]] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator plus what kube-apiserver does and kopf relies on: a uid on
     creation (kopf keys its per-object state by it), a resourceVersion that changes
     on every write (kopf waits for its own patches to come back by it), a generation
     bumped by spec changes, names for `generateName` (kopf's events), 422 for a failed
-    JSON-patch test; and the core group's discovery document the way kubectl expects it."""
+    JSON-patch test; and the core group's discovery document the way kubectl expects it.
+
+    Custom resources go through their CRD's structural schema as on a real server:
+    unknown fields and nulls pruned, defaults applied, the schema validated (422), the
+    status subresource (writes to the object ignore status, writes to /status change
+    only status), annotations over 256 KiB refused (422) and objects over etcd's
+    1.5 MiB refused (413). (kmock itself keeps an object with finalizers until they
+    are removed: a delete only sets deletionTimestamp.) CEL rules are not evaluated."""
+
+    schemas: dict[str, dict[str, Any]] = crd_schemas()
 
     _versions = itertools.count(1)
     served = 0  # requests answered, also when the log below is trimmed
@@ -72,11 +100,55 @@ class Emulator(kmock.KubernetesEmulator):
                     {"op": "add", "path": "/metadata/resourceVersion", "value": version}
                 )
         try:
+            if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
+                self._admit(request)
             return await super()._handle(request)
         except jsonpatch.JsonPatchTestFailed as exc:
             # kube-apiserver answers a failed `test` op (kopf's stale resourceVersion) with
             # 422, which kopf treats as "retry on the next event", not as a crash.
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+
+    def _admit(self, request: Any) -> None:
+        """Compute the object this write would store, shape and check it like the real
+        server, and hand kmock the merge patch (or body) that stores exactly that."""
+        if request.resource is None or not isinstance(request.data, (dict, list)):
+            return
+        if request.action == kmock.action.UPDATE and request.name is None:
+            return
+        schema = self.schemas.get(request.resource.plural)
+        if request.action == kmock.action.CREATE:
+            meta = request.data.get("metadata") or {}
+            key = (request.resource, request.namespace or meta.get("namespace"), meta.get("name"))
+        else:
+            key = (request.resource, request.namespace, request.name)
+        stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 (no .get)
+        current = None if stored is None or stored.deleted else copy.deepcopy(stored.raw)
+        if request.action == kmock.action.CREATE or current is None:
+            result = copy.deepcopy(request.data)
+        elif isinstance(request.data, list):
+            result = jsonpatch.apply_patch(current, request.data, in_place=False)
+        else:
+            result = _merge(current, request.data)
+        if schema is not None:
+            if request.subresource == "status" and current is not None:
+                version = _meta(result).get("resourceVersion")
+                result = {**current, "status": result.get("status")}
+                result["metadata"] = {**current["metadata"], "resourceVersion": version}
+            elif current is not None:
+                result["status"] = current.get("status")
+            else:
+                result.pop("status", None)
+            if result.get("status") is None:
+                result.pop("status", None)
+            result = _structural(result, schema)
+            _validate(request.resource, result, schema)
+            if current is not None:
+                generation = int(_meta(current).get("generation") or 1)
+                changed = result.get("spec") != current.get("spec")
+                result["metadata"]["generation"] = generation + 1 if changed else generation
+        _check_sizes(request.resource, result)
+        new = result if current is None else _merge_patch(current, result)
+        object.__setattr__(request, "data", new)
 
     def _generation(self, request: Any) -> int:
         key = (request.resource, request.namespace, request.name)
@@ -89,6 +161,107 @@ class Emulator(kmock.KubernetesEmulator):
         if isinstance(payload, dict) and payload.get("groupVersion", "").startswith("/"):
             payload["groupVersion"] = payload["groupVersion"][1:]
         return payload
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj.setdefault("metadata", {})  # type: ignore[no-any-return]
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+def _merge_patch(old: Any, new: Any) -> Any:
+    """The merge patch that turns `old` into `new` (kmock applies merge patches)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return copy.deepcopy(new)
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        if key not in old or old[key] != value:
+            patch[key] = _merge_patch(old.get(key), value)
+    return patch
+
+
+_DROP = object()
+
+
+def _structural(value: Any, schema: dict[str, Any]) -> Any:
+    """Pruning and defaulting as kube-apiserver does with a structural schema: fields
+    the schema does not name are dropped (unless x-kubernetes-preserve-unknown-fields),
+    so are nulls (unless nullable); missing fields with a default get it."""
+    if value is None:
+        return None if schema.get("nullable") else _DROP
+    if isinstance(value, dict) and (schema.get("type") == "object" or "properties" in schema):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or (
+            props is None and not isinstance(extra, dict)
+        )
+        out = {}
+        for key, item in value.items():
+            if props is not None and key in props:
+                sub = props[key]
+            elif isinstance(extra, dict):
+                sub = extra
+            elif keep_unknown:
+                out[key] = item
+                continue
+            else:
+                continue
+            shaped = _structural(item, sub)
+            if shaped is not _DROP:
+                out[key] = shaped
+        for key, sub in (props or {}).items():
+            if key not in out and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [
+            shaped for item in value if (shaped := _structural(item, schema["items"])) is not _DROP
+        ]
+    return value
+
+
+def _validate(resource: Any, obj: dict[str, Any], schema: dict[str, Any]) -> None:
+    errors = sorted(
+        jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path)
+    )
+    if errors:
+        name = _meta(obj).get("name")
+        causes = "; ".join(
+            f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+            for e in errors[:8]
+        )
+        raise kmock.KubernetesError(
+            status=422,
+            reason="Invalid",
+            message=f"{resource.plural}.{resource.group} {name!r} is invalid: {causes}",
+        )
+
+
+def _check_sizes(resource: Any, obj: dict[str, Any]) -> None:
+    annotations = _meta(obj).get("annotations") or {}
+    size = sum(len(k.encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        raise kmock.KubernetesError(
+            status=422,
+            reason="Invalid",
+            message=f"metadata.annotations: Too long: must have at most "
+            f"{MAX_ANNOTATIONS_BYTES} bytes (got {size})",
+        )
+    if len(json.dumps(obj).encode()) > MAX_OBJECT_BYTES:
+        raise kmock.KubernetesError(
+            status=413, reason="RequestEntityTooLarge", message="etcdserver: request is too large"
+        )
 
 
 @dataclass

@@ -24,11 +24,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="local mode: one pass, then exit")
     p.add_argument(
         "--liveness",
-        default="http://0.0.0.0:8080/healthz",
-        help="kopf's liveness endpoint (empty to disable)",
+        default="http://127.0.0.1:8080/healthz",
+        help="kopf's liveness endpoint (empty to disable; in a pod, "
+        "http://0.0.0.0:8080/healthz so the kubelet can reach it)",
+    )
+    p.add_argument(
+        "--operator-namespace",
+        help="where Secrets referenced without a namespace are read (default: "
+        "$WARMFLEET_OPERATOR_NAMESPACE, else the pod's or the kubeconfig context's namespace)",
     )
     p.add_argument("--resync-seconds", type=float, default=30.0, help="drift-repair period")
-    p.add_argument("--probe-seconds", type=float, default=30.0, help="WarmNode probe period")
+    p.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=5.0,
+        help="WarmNode probe period when settled (0.5 s while warming or unreachable)",
+    )
     p.add_argument("--verbose", action="store_true")
 
 
@@ -43,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     # The handlers read their periods at import.
     os.environ["WARMFLEET_RESYNC_SECONDS"] = str(args.resync_seconds)
     os.environ["WARMFLEET_PROBE_SECONDS"] = str(args.probe_seconds)
+    if args.operator_namespace:
+        os.environ["WARMFLEET_OPERATOR_NAMESPACE"] = args.operator_namespace
     import kopf
 
     import warmfleet_operator.handlers  # noqa: F401  (registers the handlers)

@@ -27,18 +27,26 @@ log = logging.getLogger(__name__)
 class DaemonError(Exception):
     """A daemon answered with an error, or could not be reached."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, sent: bool = True) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.sent = sent  # False: nothing reached the daemon (no token to send)
 
     @property
     def unreachable(self) -> bool:
         return self.status is None or self.status >= 500
 
+    @property
+    def auth(self) -> bool:
+        """The daemon refused our admin token, or we have none to send."""
+        return self.status in (401, 403)
+
 
 class TokenSource(Protocol):
-    async def token(self, ref: SecretRef) -> str | None: ...
+    async def token(self, ref: SecretRef) -> str:
+        """The token, or DaemonError(status=401) saying which Secret is missing or unreadable."""
+        ...
 
 
 class DaemonClient:
@@ -88,6 +96,16 @@ class DaemonClient:
         r = await self._call(node, "DELETE", path, ok=(200, 404))
         return r.status_code == 200
 
+    async def healthy(self, node: Node) -> bool:
+        """Whether the daemon answers its public /healthz (no token needed)."""
+        try:
+            async with self._slots:
+                self.calls += 1
+                r = await self._http.get(f"{node.url}/healthz")
+        except httpx.TransportError:
+            return False
+        return r.status_code == 200
+
     async def status(self, node: Node) -> dict[str, Any]:
         r = await self._call(node, "GET", "/v1/status", ok=(200,))
         return dict(r.json())
@@ -97,13 +115,11 @@ class DaemonClient:
     ) -> httpx.Response:
         headers = {}
         if node.token_ref is not None:
-            token = await self.tokens.token(node.token_ref)
-            if token is None:
-                ref = node.token_ref
-                raise DaemonError(
-                    f"admin token Secret {ref.namespace}/{ref.name}[{ref.key}] not found",
-                    status=401,
-                )
+            try:
+                token = await self.tokens.token(node.token_ref)
+            except DaemonError as exc:
+                exc.sent = False
+                raise
             headers["Authorization"] = f"Bearer {token}"
         url = f"{node.url}{path}"
         for attempt in range(1, self.attempts + 1):
@@ -130,7 +146,9 @@ class KubeClient:
     """The Kubernetes API with kopf's credentials (captured by the login handler):
     admin-token Secrets, cached for a minute, and status patches."""
 
-    def __init__(self, *, default_namespace: str = "default", ttl: float = 60.0) -> None:
+    def __init__(self, *, default_namespace: str | None = None, ttl: float = 60.0) -> None:
+        """`default_namespace`: where Secrets without a namespace are read; when None,
+        the namespace kopf logged in with (the pod's, or the kubeconfig context's)."""
         self.default_namespace = default_namespace
         self.ttl = ttl
         self._http: httpx.AsyncClient | None = None
@@ -159,11 +177,36 @@ class KubeClient:
         self._http = httpx.AsyncClient(
             base_url=str(info.server), headers=headers, verify=context, timeout=10.0
         )
+        if self.default_namespace is None:
+            self.default_namespace = info.default_namespace or "default"
 
-    async def token(self, ref: SecretRef) -> str | None:
-        namespace = ref.namespace or self.default_namespace
-        data = await self._secret(namespace, ref.name)
-        return data.get(ref.key) if data is not None else None
+    async def token(self, ref: SecretRef) -> str:
+        namespace = ref.namespace or self.default_namespace or "default"
+        where = f"admin token Secret {namespace}/{ref.name}"
+        try:
+            data = await self._secret(namespace, ref.name)
+        except httpx.HTTPStatusError as exc:
+            raise DaemonError(
+                f"{where}: cannot read it ({exc.response.status_code})", status=401
+            ) from exc
+        except httpx.TransportError as exc:
+            raise DaemonError(f"{where}: cannot read it ({exc})", status=401) from exc
+        if data is None:
+            raise DaemonError(f"{where} not found", status=401)
+        if ref.key not in data:
+            raise DaemonError(f"{where} has no key {ref.key!r}", status=401)
+        return data[ref.key]
+
+    async def patch_node_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch a WarmNode's status (None removes a field)."""
+        r = await self._require().patch(
+            f"/apis/{GROUP}/{VERSION}/warmnodes/{name}/status",
+            json={"status": status},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        if r.status_code == 404:
+            return  # deleted meanwhile
+        r.raise_for_status()
 
     async def patch_set_status(self, key: SetKey, status: Mapping[str, Any]) -> None:
         http = self._require()

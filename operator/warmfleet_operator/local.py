@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from warmfleet_operator.client import DaemonClient
+from warmfleet_operator.client import DaemonClient, DaemonError
 from warmfleet_operator.model import GROUP, Node, SecretRef, SetKey
 from warmfleet_operator.reconcile import condition
 from warmfleet_operator.service import Service
@@ -83,8 +83,15 @@ class FolderTokens:
     def __init__(self) -> None:
         self.folder = Folder()
 
-    async def token(self, ref: SecretRef) -> str | None:
-        return self.folder.secrets.get((ref.namespace or "default", ref.name), {}).get(ref.key)
+    async def token(self, ref: SecretRef) -> str:
+        namespace = ref.namespace or "default"
+        data = self.folder.secrets.get((namespace, ref.name))
+        if data is None or ref.key not in data:
+            raise DaemonError(
+                f"admin token Secret {namespace}/{ref.name} (key {ref.key!r}) not in the folder",
+                status=401,
+            )
+        return data[ref.key]
 
 
 async def run_local(
@@ -161,9 +168,10 @@ async def _pass(
             )
     for key in previous_sets - set(folder.sets):
         failed = await service.remove_everywhere(key, nodes)
+        notes = [f"unreachable: {', '.join(failed.unreachable)}"] if failed.unreachable else []
+        notes += [f"token refused: {', '.join(failed.refused)}"] if failed.refused else []
         print(
-            f"WarmPromptSet {key}: removed"
-            + (f" (unreachable: {', '.join(failed)})" if failed else ""),
+            f"WarmPromptSet {key}: removed" + (f" ({'; '.join(notes)})" if notes else ""),
             flush=True,
         )
     return {"warmNodes": node_statuses, "warmPromptSets": set_statuses}

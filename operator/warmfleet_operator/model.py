@@ -59,6 +59,8 @@ class Observation:
     reachable: bool
     status: WarmSetStatus | None = None  # None: the node does not have the set
     error: str | None = None
+    rejected: bool = False  # the node refused the push (4xx): retried with back-off
+    unauthorized: bool = False  # it refused our admin token, or we have none to send
 
 
 @dataclass(frozen=True)

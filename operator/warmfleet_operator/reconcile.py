@@ -16,6 +16,12 @@ from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remov
 
 ConfigMaps = Mapping[tuple[str, str], Mapping[str, str]]  # (namespace, name) -> data
 
+# What the CRD allows a whole set (its CEL rule), so that spec and status stay under the
+# API server's 1.5 MiB per object; sets that grow past it through ConfigMaps are refused.
+MAX_SET_CHARS = 524_288
+MAX_STATUS_NODES = 256  # the CRD's status.nodes maxItems
+MAX_ERROR_CHARS = 1024  # the CRD's status.nodes[].error maxLength
+
 
 # -- selection ----------------------------------------------------------------------
 
@@ -101,6 +107,13 @@ def resolve(
         "concurrency": spec.get("concurrency", 2),
         "pin": spec.get("pin", True),
     }
+    size = _set_chars(prompts)
+    if size > MAX_SET_CHARS:
+        raise InvalidSpec(
+            "TooLarge",
+            f"the prompts hold {size} characters of messages and tool descriptions; "
+            f"a set may hold at most {MAX_SET_CHARS}",
+        )
     body["source_hash"] = _hash(body | {"generation": None, "uid": None})
     try:
         return WarmSetSpec.model_validate(body)
@@ -108,6 +121,18 @@ def resolve(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidSpec("InvalidSpec", f"{where}: {first['msg']}") from exc
+
+
+def _set_chars(prompts: Iterable[Mapping[str, Any]]) -> int:
+    """Characters the CRD's size rule counts: message contents and tool descriptions."""
+    total = 0
+    for prompt in prompts:
+        for message in prompt.get("messages") or []:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            total += len(content) if isinstance(content, str) else len(json.dumps(content or ""))
+        for tool in prompt.get("tools") or []:
+            total += len(str((tool.get("function") or {}).get("description") or ""))
+    return total
 
 
 def _parse_messages(text: str, prompt: str | None, ref: Mapping[str, str]) -> Any:
@@ -160,22 +185,25 @@ def _outdated(have: WarmSetStatus | None, desired: WarmSetSpec) -> bool:
 
 
 def node_entry(node: Node, seen: Observation | None, now: str) -> dict[str, Any]:
+    """One status.nodes item. Fields without a value are left out, never null: the API
+    server prunes nulls, and a status that differs from what was written is rewritten."""
     entry: dict[str, Any] = {"node": node.name, "url": node.url, "lastSync": now}
-    if seen is None or not seen.reachable:
-        entry.update(warm=0, total=0, tokens=0, error=(seen.error if seen else "not probed yet"))
-        return entry
-    status = seen.status
+    status = seen.status if seen is not None and seen.reachable else None
     if status is None:
-        entry.update(warm=0, total=0, tokens=0, error=seen.error)
-        return entry
-    failed = [p for p in status.prompts if p.state is PromptState.FAILED]
-    entry.update(
-        warm=status.warm,
-        total=status.total,
-        tokens=sum(p.tokens for p in status.prompts if p.state is PromptState.WARM),
-        generation=status.generation,
-        error="; ".join(f"{p.name}: {p.error}" for p in failed) or None,
-    )
+        error = (seen.error if seen else None) or ("not probed yet" if seen is None else None)
+        entry.update(warm=0, total=0, tokens=0)
+    else:
+        failed = [p for p in status.prompts if p.state is PromptState.FAILED]
+        entry.update(
+            warm=status.warm,
+            total=status.total,
+            tokens=sum(p.tokens for p in status.prompts if p.state is PromptState.WARM),
+            generation=status.generation,
+        )
+        prompt_errors = "; ".join(f"{p.name}: {p.error}" for p in failed)
+        error = (seen.error if seen is not None and seen.rejected else None) or prompt_errors
+    if error:
+        entry["error"] = error[:MAX_ERROR_CHARS]
     return entry
 
 
@@ -198,7 +226,13 @@ def set_status(
     ]
     warm_nodes = sum(1 for e in current if e["total"] and e["warm"] == e["total"])
     unreachable = [n.name for n in selected if not _reachable(observations.get(n.name))]
-    failed = [e["node"] for e in nodes if e.get("error") and e["node"] not in unreachable]
+    rejected = [n.name for n in selected if _rejected(observations.get(n.name))]
+    refused = [n.name for n in selected if _unauthorized(observations.get(n.name))]
+    failed = [
+        e["node"]
+        for e in nodes
+        if e.get("error") and e["node"] not in {*unreachable, *rejected, *refused}
+    ]
 
     if invalid is not None:
         ready = ("False", invalid.reason, invalid.message)
@@ -214,11 +248,19 @@ def set_status(
             ready = ("True", "AllWarm", f"every prompt is warm on {total}/{total} nodes")
         elif unreachable:
             ready = ("False", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")
+        elif refused:
+            ready = (
+                "False",
+                "Unauthorized",
+                f"admin token refused or missing: {', '.join(refused)}",
+            )
+        elif rejected:
+            ready = ("False", "PushRejected", f"rejected by: {', '.join(rejected)}")
         elif failed:
             ready = ("False", "WarmUpFailed", f"prompts failed on: {', '.join(failed)}")
         else:
             ready = ("False", "Warming", f"{warm_nodes}/{total} nodes warm")
-        busy = warm_nodes < total and not unreachable and not failed
+        busy = warm_nodes < total and not (unreachable or failed or rejected or refused)
         progressing = (
             ("True", "Warming", f"{warm_nodes}/{total} nodes warm")
             if busy
@@ -226,6 +268,18 @@ def set_status(
         )
         if unreachable:
             degraded = ("True", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")
+        elif refused:
+            degraded = (
+                "True",
+                "Unauthorized",
+                "; ".join(f"{e['node']}: {e['error']}" for e in nodes if e["node"] in refused),
+            )
+        elif rejected:
+            degraded = (
+                "True",
+                "PushRejected",
+                "; ".join(f"{e['node']}: {e['error']}" for e in nodes if e["node"] in rejected),
+            )
         elif failed:
             degraded = (
                 "True",
@@ -242,7 +296,7 @@ def set_status(
     return {
         "observedGeneration": generation,
         "warmNodes": f"{warm_nodes}/{len(selected)}",
-        "nodes": nodes,
+        "nodes": nodes[:MAX_STATUS_NODES],
         "conditions": conditions,
     }
 
@@ -289,6 +343,14 @@ def _reachable(seen: Observation | None) -> bool:
     return seen is not None and seen.reachable
 
 
+def _rejected(seen: Observation | None) -> bool:
+    return seen is not None and seen.rejected
+
+
+def _unauthorized(seen: Observation | None) -> bool:
+    return seen is not None and seen.unauthorized
+
+
 def _is_current(seen: Observation | None, desired: WarmSetSpec) -> bool:
     return (
         seen is not None
@@ -301,10 +363,20 @@ def _hash(value: object) -> str:
     return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
-def describe(key: SetKey, pushes: Sequence[Push], removes: Sequence[Remove]) -> str:
+def describe(
+    key: SetKey,
+    pushes: Sequence[Push],
+    removes: Sequence[Remove],
+    failed: Mapping[str, str] | None = None,
+) -> str:
+    """One log line: where the set went, and where a push failed and why."""
+    failed = failed or {}
     parts = []
-    if pushes:
-        parts.append("pushed to " + ", ".join(p.node.name for p in pushes))
+    done = [p.node.name for p in pushes if p.node.name not in failed]
+    if done:
+        parts.append("pushed to " + ", ".join(done))
+    if failed:
+        parts.append("push failed on " + "; ".join(f"{n} ({why})" for n, why in failed.items()))
     if removes:
         parts.append("removed from " + ", ".join(r.node.name for r in removes))
     return f"{key}: " + ("; ".join(parts) if parts else "in sync")

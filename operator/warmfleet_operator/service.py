@@ -8,8 +8,8 @@ import datetime
 import logging
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,18 +26,57 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Outcome:
     status: dict[str, Any]
-    pushes: list[Push]
+    pushes: list[Push]  # attempted
     removes: list[Remove]
     invalid: InvalidSpec | None
     summary: str
+    failed: dict[str, str] = field(default_factory=dict)  # node -> why its push failed
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.pushes or self.removes)
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Nodes a set could not be removed from: unreachable (worth retrying) or refusing
+    our admin token (not worth retrying until the token is fixed)."""
+
+    unreachable: list[str]
+    refused: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.unreachable or self.refused)
+
+
+@dataclass
+class Rejection:
+    source_hash: str | None
+    message: str
+    attempts: int
+    retry_at: float
 
 
 class Service:
-    def __init__(self, daemons: DaemonClient, *, snapshot_max_age: float = 0.0) -> None:
+    def __init__(
+        self,
+        daemons: DaemonClient,
+        *,
+        snapshot_max_age: float = 0.0,
+        rejection_backoff: float = 30.0,
+        rejection_backoff_max: float = 900.0,
+    ) -> None:
         """`snapshot_max_age`: how old a node's probe may be for a resync pass to read
-        the sets it holds from it instead of asking the node again (0: always ask)."""
+        the sets it holds from it instead of asking the node again (0: always ask).
+        A push a node rejected (4xx) is not repeated for the same content and the same
+        daemon process before `rejection_backoff` (doubling up to the max)."""
         self.daemons = daemons
         self.held = HeldSets(snapshot_max_age)
+        self.rejection_backoff = rejection_backoff
+        self.rejection_backoff_max = rejection_backoff_max
+        self._rejected: dict[tuple[str, SetKey], Rejection] = {}
+        self._instances: dict[str, str] = {}  # node URL -> the daemon's instance id
+        self.on_push: Callable[[Node], None] | None = None  # e.g. probe that node soon
         # One pass per set at a time (an edit, the resync timer, a node or ConfigMap
         # change may all fire at once), and the newest generation seen per set.
         self._locks: weakref.WeakValueDictionary[SetKey, asyncio.Lock] = (
@@ -115,6 +154,7 @@ class Service:
             pushes, removes = reconcile.plan(
                 desired, selected, observations, [by_name[n] for n in had if n in by_name]
             )
+            pushes = self._hold_back_rejected(key, desired, pushes, observations)
             observations.update(await self._push(key, pushes))
             await self._remove(key, removes)
         new_status = reconcile.set_status(
@@ -126,9 +166,48 @@ class Service:
             previous=previous.get("conditions") or [],
             now=now(),
         )
+        failed = {
+            p.node.name: observations[p.node.name].error or "failed"
+            for p in pushes
+            if observations[p.node.name].error
+        }
         return Outcome(
-            new_status, pushes, removes, invalid, reconcile.describe(key, pushes, removes)
+            new_status,
+            pushes,
+            removes,
+            invalid,
+            reconcile.describe(key, pushes, removes, failed),
+            failed,
         )
+
+    def _hold_back_rejected(
+        self,
+        key: SetKey,
+        desired: WarmSetSpec,
+        pushes: list[Push],
+        observations: dict[str, Observation],
+    ) -> list[Push]:
+        """Drop pushes of content a node already rejected, until their back-off ends;
+        their observation carries the rejection, so status says why."""
+        kept = []
+        for push in pushes:
+            rejection = self._rejected.get((push.node.url, key))
+            if (
+                rejection is not None
+                and rejection.source_hash == desired.source_hash
+                and time.monotonic() < rejection.retry_at
+            ):
+                seen = observations.get(push.node.name)
+                observations[push.node.name] = Observation(
+                    push.node.name,
+                    True,
+                    seen.status if seen else None,
+                    rejection.message,
+                    rejected=True,
+                )
+            else:
+                kept.append(push)
+        return kept
 
     async def observe(
         self, key: SetKey, nodes: Sequence[Node], *, fresh: bool = True
@@ -136,41 +215,86 @@ class Service:
         results = await asyncio.gather(*(self._observe(key, n, fresh) for n in nodes))
         return {n.name: r for n, r in zip(nodes, results)}
 
-    async def remove_everywhere(self, key: SetKey, nodes: Iterable[Node]) -> list[str]:
-        """Delete the set from these nodes; returns the ones that could not be reached."""
+    async def remove_everywhere(self, key: SetKey, nodes: Iterable[Node]) -> Removal:
+        """Delete the set from these nodes; says which could not be reached and which
+        refused our admin token."""
         self._newest.pop(key, None)
-        failed = await self._remove(key, [Remove(n) for n in nodes])
-        return failed
+        nodes = list(nodes)
+        for node in nodes:
+            self._rejected.pop((node.url, key), None)
+        return await self._remove(key, [Remove(n) for n in nodes])
+
+    async def remove_from(self, key: SetKey, nodes: Iterable[Node]) -> Removal:
+        """Delete the set from these nodes only (a WarmNode left): the set lives on."""
+        return await self._remove(key, [Remove(n) for n in nodes])
 
     async def probe(self, node: Node) -> dict[str, Any]:
-        """The WarmNode status: reachable, model, cache figures, the sets it holds."""
+        """The WarmNode status, complete (no field is carried over from an older probe):
+        reachable, model, instance, cache figures, the sets it holds; or why not."""
         stamp = now()
         try:
             status = await self.daemons.status(node)
         except DaemonError as exc:
             self.held.forget(node)
+            message = exc.message[:1024]
+            # Up but refusing us, or no token to send (then /healthz says if it is up).
+            if exc.auth and (exc.sent or await self.daemons.healthy(node)):
+                reason = "Unauthorized" if exc.sent else "TokenUnavailable"
+                answered = "the daemon answered" if exc.sent else "the daemon answers /healthz"
+                return {
+                    "reachable": True,
+                    "lastProbe": stamp,
+                    "error": message,
+                    "conditions": [
+                        _condition("Reachable", True, "Answered", answered),
+                        _condition("Authorized", False, reason, message),
+                    ],
+                }
             return {
                 "reachable": False,
                 "lastProbe": stamp,
-                "error": exc.message,
-                "conditions": [_reachable_condition(False, exc.message)],
+                "error": message,
+                "conditions": [_condition("Reachable", False, "Unreachable", message)],
             }
+        instance = str(status.get("instance_id") or "")
+        if instance and self._instances.get(node.url) not in (None, instance):
+            self.restarted(node)
+        if instance:
+            self._instances[node.url] = instance
         cache = status.get("cache") or {}
         rate = float(cache.get("hit_rate") or 0.0)
-        sets = sorted(f"{s['namespace']}/{s['name']}" for s in status.get("warm_sets") or [])
-        self.held.record(node, status.get("warm_sets") or [])
-        return {
+        warm_sets = status.get("warm_sets")
+        if isinstance(warm_sets, list):
+            self.held.record(node, warm_sets)
+        else:  # a reduced status (not authorized for the detail): ask set by set
+            self.held.forget(node)
+        result: dict[str, Any] = {
             "reachable": True,
             "lastProbe": stamp,
-            "error": None,
             "model": (status.get("model") or {}).get("id"),
+            "instanceId": instance or None,
+            "startedAt": status.get("started_at"),
             "cacheBytes": int(cache.get("bytes") or 0),
             "cacheBudgetBytes": int(cache.get("budget_bytes") or 0),
             "hitRate": round(rate, 4),
             "hitRatePercent": f"{rate * 100:.1f}%",
-            "warmSets": sets,
-            "conditions": [_reachable_condition(True, "the daemon answered")],
+            "warmSets": (
+                sorted(f"{s['namespace']}/{s['name']}" for s in warm_sets)
+                if isinstance(warm_sets, list)
+                else None  # not shown to us: unknown, not empty
+            ),
+            "conditions": [
+                _condition("Reachable", True, "Answered", "the daemon answered"),
+                _condition("Authorized", True, "Accepted", "the daemon accepts the admin token"),
+            ],
         }
+        return {k: v for k, v in result.items() if v is not None}
+
+    def restarted(self, node: Node) -> None:
+        """A new daemon process: what it rejected before may pass now."""
+        for url, key in list(self._rejected):
+            if url == node.url:
+                del self._rejected[(url, key)]
 
     async def _observe(self, key: SetKey, node: Node, fresh: bool) -> Observation:
         if not fresh:
@@ -180,7 +304,9 @@ class Service:
         try:
             held = await self.daemons.get_warm_set(node, key)
         except DaemonError as exc:
-            return Observation(node.name, not exc.unreachable, None, exc.message)
+            return Observation(
+                node.name, not exc.unreachable, None, exc.message, unauthorized=exc.auth
+            )
         self.held.update(node, key, held)
         return Observation(node.name, True, held)
 
@@ -189,26 +315,53 @@ class Service:
             try:
                 status = await self.daemons.put_warm_set(push.node, key, push.spec)
                 self.held.update(push.node, key, status)
+                self._rejected.pop((push.node.url, key), None)
                 return Observation(push.node.name, True, status)
             except DaemonError as exc:
                 log.warning("push of %s to %s failed: %s", key, push.node.name, exc.message)
-                return Observation(push.node.name, not exc.unreachable, None, exc.message)
+                rejected = not exc.unreachable and not exc.auth
+                if rejected:
+                    self._reject(push, key, exc.message)
+                return Observation(
+                    push.node.name,
+                    not exc.unreachable,
+                    None,
+                    exc.message,
+                    rejected=rejected,
+                    unauthorized=exc.auth,
+                )
 
         results = await asyncio.gather(*(one(p) for p in pushes))
+        if self.on_push is not None:
+            for push in pushes:
+                self.on_push(push.node)
         return {p.node.name: r for p, r in zip(pushes, results)}
 
-    async def _remove(self, key: SetKey, removes: Sequence[Remove]) -> list[str]:
-        async def one(remove: Remove) -> str | None:
+    def _reject(self, push: Push, key: SetKey, message: str) -> None:
+        before = self._rejected.get((push.node.url, key))
+        same = before is not None and before.source_hash == push.spec.source_hash
+        attempts = before.attempts + 1 if same and before is not None else 1
+        delay = min(self.rejection_backoff * 2 ** (attempts - 1), self.rejection_backoff_max)
+        self._rejected[(push.node.url, key)] = Rejection(
+            push.spec.source_hash, message, attempts, time.monotonic() + delay
+        )
+
+    async def _remove(self, key: SetKey, removes: Sequence[Remove]) -> Removal:
+        async def one(remove: Remove) -> DaemonError | None:
             try:
                 await self.daemons.delete_warm_set(remove.node, key)
                 self.held.update(remove.node, key, None)
                 return None
             except DaemonError as exc:
                 log.warning("removing %s from %s failed: %s", key, remove.node.name, exc.message)
-                return remove.node.name
+                return exc
 
         results = await asyncio.gather(*(one(r) for r in removes))
-        return [name for name in results if name is not None]
+        failed = [(r.node.name, e) for r, e in zip(removes, results) if e is not None]
+        return Removal(
+            unreachable=[name for name, e in failed if not e.auth],
+            refused=[name for name, e in failed if e.auth],
+        )
 
 
 class HeldSets:
@@ -219,15 +372,30 @@ class HeldSets:
     def __init__(self, max_age: float) -> None:
         self.max_age = max_age
         self._nodes: dict[str, tuple[float, dict[SetKey, WarmSetStatus]]] = {}
+        self._raw: dict[str, list[Any]] = {}  # the last probe's list, as received
+        # Per node, the sets whose state the last probe found different from what was
+        # known (from the probe before, or our own pushes and deletes since).
+        self.changed: dict[str, set[SetKey]] = {}
 
     def record(self, node: Node, warm_sets: Iterable[Mapping[str, Any]]) -> None:
+        raw = list(warm_sets)
+        self.changed[node.url] = set()
+        if node.url in self._nodes and self._raw.get(node.url) == raw:
+            # Unchanged since the last probe (the usual case): no parsing again.
+            self._nodes[node.url] = (time.monotonic(), self._nodes[node.url][1])
+            return
+        self._raw[node.url] = raw
         try:
-            parsed = [WarmSetStatus.model_validate(s) for s in warm_sets]
+            parsed = [WarmSetStatus.model_validate(s) for s in raw]
         except ValidationError:  # a daemon of another version: ask it set by set
             self.forget(node)
             return
+        before = self._nodes.get(node.url, (0.0, {}))[1]
         held = {SetKey(s.namespace, s.name): s for s in parsed}
         self._nodes[node.url] = (time.monotonic(), held)
+        self.changed[node.url] = {
+            k for k in set(before) | set(held) if _progress(before.get(k)) != _progress(held.get(k))
+        }
 
     def lookup(self, node: Node, key: SetKey) -> tuple[bool, WarmSetStatus | None]:
         """(known, status): known is False when there is no recent enough probe."""
@@ -236,7 +404,12 @@ class HeldSets:
             return False, None
         return True, held.get(key)
 
+    def sets(self, node: Node) -> dict[SetKey, WarmSetStatus]:
+        """What the node held at its last probe (empty when unknown)."""
+        return dict(self._nodes.get(node.url, (0.0, {}))[1])
+
     def update(self, node: Node, key: SetKey, status: WarmSetStatus | None) -> None:
+        self._raw.pop(node.url, None)  # the next probe is parsed in full
         if node.url in self._nodes:
             held = self._nodes[node.url][1]
             if status is None:
@@ -246,17 +419,27 @@ class HeldSets:
 
     def forget(self, node: Node) -> None:
         self._nodes.pop(node.url, None)
+        self._raw.pop(node.url, None)
+        self.changed.pop(node.url, None)
+
+
+def _progress(status: WarmSetStatus | None) -> tuple[int, str | None, int, int] | None:
+    return (
+        None
+        if status is None
+        else (status.generation, status.source_hash, status.warm, status.total)
+    )
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _reachable_condition(ok: bool, message: str) -> dict[str, Any]:
-    # lastProbe carries the heartbeat; this condition changes only with reachability.
+def _condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    # lastProbe carries the heartbeat; conditions change only with their state.
     return {
-        "type": "Reachable",
+        "type": kind,
         "status": "True" if ok else "False",
-        "reason": "Answered" if ok else "Unreachable",
+        "reason": reason,
         "message": message[:1024],
     }

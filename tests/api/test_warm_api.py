@@ -167,3 +167,12 @@ def test_not_ready_before_the_warm_prompts_file_is_registered(tmp_path, monkeypa
         wait_ready(client)
         sets = client.get("/v1/warm-sets").json()["sets"]
         assert [(s["name"], s["warm"], s["total"]) for s in sets] == [("warm-prompts", 1, 1)]
+
+
+def test_status_names_the_daemon_instance(client) -> None:
+    """A new instance id per process start: the operator tells a restart (sets lost)
+    from a slow answer at once."""
+    status = client.get("/v1/status", headers=AUTH).json()
+    assert len(status["instance_id"]) == 32 and status["started_at"].endswith("+00:00")
+    with make_client(admin_token=TOKEN) as other:
+        assert other.get("/v1/status", headers=AUTH).json()["instance_id"] != status["instance_id"]

@@ -144,3 +144,13 @@ def test_local_mode_reconciles_a_folder(
     assert proc.returncode == 0, out
     assert "WarmPromptSet default/assistant: Ready=True AllWarm" in out
     assert "WarmPromptSet default/assistant: removed" in out
+
+
+def test_the_operators_liveness_endpoint_is_loopback_unless_asked() -> None:
+    import argparse
+
+    from warmfleet_operator.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).liveness.startswith("http://127.0.0.1:")

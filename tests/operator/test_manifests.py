@@ -206,10 +206,15 @@ async def test_printer_columns_evaluate_with_kubectl_jsonpath(tmp_path: Path) ->
         import httpx
 
         async with httpx.AsyncClient(base_url=url) as api:
-            await api.post(
-                "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets", json=wps
-            )
+            # As on a real server, a create drops status: it is written through /status.
+            merge = {"Content-Type": "application/merge-patch+json"}
+            sets = "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets"
+            await api.post(sets, json=wps)
+            await api.patch(f"{sets}/agents/status", json=wps, headers=merge)
             await api.post("/apis/warmfleet.io/v1alpha1/warmnodes", json=node)
+            await api.patch(
+                "/apis/warmfleet.io/v1alpha1/warmnodes/mac-mini-1/status", json=node, headers=merge
+            )
         for kind, target in [
             ("WarmPromptSet", ["warmpromptsets", "agents", "-n", "default"]),
             ("WarmNode", ["warmnodes", "mac-mini-1"]),
@@ -227,3 +232,59 @@ async def test_printer_columns_evaluate_with_kubectl_jsonpath(tmp_path: Path) ->
                 assert values[:3] == ["True", "2/2", "AllWarm"]
             else:
                 assert values[:4] == ["http://mac-mini-1.lan:8000", "qwen", "true", "71.5%"]
+
+
+@pytest.mark.parametrize("kind", ["WarmNode", "WarmPromptSet"])
+def test_every_field_is_explained(kind: str) -> None:
+    """`kubectl explain` shows these descriptions (an array's or map's own stands for
+    its items); metadata is Kubernetes' own."""
+    missing = [
+        path or "<root>"
+        for path, node in walk(schema(kind))
+        if not node.get("description") and path != ".metadata" and not path.endswith(("[]", "{}"))
+    ]
+    assert not missing, missing
+
+
+# What the operator does through the API server (kopf's watches, its patches, our
+# client), as (apiGroup, resource, verb): the shipped RBAC must allow exactly these.
+NEEDED_CLUSTER_SCOPED = (
+    {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+    | {("warmfleet.io", "warmnodes", v) for v in ("get", "list", "watch", "patch")}
+    | {("warmfleet.io", "warmnodes/status", v) for v in ("get", "patch")}
+)
+NEEDED_PER_NAMESPACE = (
+    {("warmfleet.io", "warmpromptsets", v) for v in ("get", "list", "watch", "patch")}
+    | {("warmfleet.io", "warmpromptsets/status", v) for v in ("get", "patch")}
+    | {("", "configmaps", v) for v in ("get", "list", "watch")}
+    | {("", "secrets", "get"), ("", "events", "create")}
+)
+
+
+def granted(path: Path) -> set[tuple[str, str, str]]:
+    rules = yaml.safe_load(path.read_text())["rules"]
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_shipped_rbac_grants_what_the_operator_uses_and_nothing_more() -> None:
+    rbac = ROOT / "deploy" / "rbac"
+    everywhere = granted(rbac / "all-namespaces" / "clusterrole.yaml")
+    assert everywhere == NEEDED_CLUSTER_SCOPED | NEEDED_PER_NAMESPACE
+    role = granted(rbac / "namespaced" / "role.yaml")
+    cluster = granted(rbac / "namespaced" / "clusterrole.yaml")
+    assert role == NEEDED_PER_NAMESPACE
+    # kopf lists namespaces when given --namespace; WarmNode events go to `default`.
+    extra = {("", "namespaces", "list"), ("", "namespaces", "watch"), ("", "events", "create")}
+    assert cluster == NEEDED_CLUSTER_SCOPED | extra
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(rbac.rglob("*.yaml"))]
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    for binding in (d for d in docs if d["kind"].endswith("Binding")):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]

@@ -302,3 +302,46 @@ async def _has_warm(daemon: Daemon, name: str) -> bool:
 
 async def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
     return [e for e in cluster.events() if e.get("reason") == reason]
+
+
+async def test_a_warm_node_has_no_finalizer_and_deleting_it_unpins_its_daemon(
+    cluster: Cluster, daemons: list[Daemon]
+) -> None:
+    """Deleting a WarmNode never waits for the operator (issue 11: a probe timer made
+    kopf put a finalizer on every WarmNode), and its daemon lets go of our sets."""
+    await cluster.create(f"{API}/warmnodes", node("mac-del", daemons[2].url, "deleting"))
+    await cluster.create(
+        f"{API}/namespaces/default/warmpromptsets",
+        warm_set("deleting", [prompt("p", SYSTEM)], pool="deleting"),
+    )
+    await ready(cluster, "deleting")
+    found = await wait_for(
+        lambda: _node_with_set(cluster, "mac-del", "default/deleting"), what="probed"
+    )
+    assert not found["metadata"].get("finalizers")
+    await cluster.delete(f"{API}/warmnodes/mac-del")
+    assert await cluster.get(f"{API}/warmnodes/mac-del") is None  # gone at once
+    await wait_for(lambda: _lacks(daemons[2], "deleting"), timeout=10, what="unpinned")
+    obj = await ready(cluster, "deleting", want="False")
+    assert condition(obj, "Ready")["reason"] == "NoNodes"
+    await cluster.delete(f"{API}/namespaces/default/warmpromptsets/deleting")
+    await wait_for(lambda: _gone(cluster, f"{API}/namespaces/default/warmpromptsets/deleting"))
+
+
+async def test_a_large_spec_is_handled_and_its_delete_completes(cluster: Cluster) -> None:
+    """kopf kept a copy of the spec in an annotation: over ~128 KiB (with kubectl's own
+    copy) the API server refused it, status never came and the delete hung."""
+    prompts = [prompt(f"p{i}", f"{i} " + "x" * 100_000) for i in range(3)]
+    await cluster.create(
+        f"{API}/namespaces/default/warmpromptsets", warm_set("large", prompts, pool="nowhere")
+    )
+    obj = await ready(cluster, "large", want="False")  # no node in that pool
+    assert condition(obj, "Ready")["reason"] == "NoNodes"
+    annotations = obj["metadata"].get("annotations") or {}
+    assert sum(len(k) + len(v) for k, v in annotations.items()) < 1024
+    await cluster.delete(f"{API}/namespaces/default/warmpromptsets/large")
+    await wait_for(lambda: _gone(cluster, f"{API}/namespaces/default/warmpromptsets/large"))
+
+
+async def _lacks(daemon: Daemon, name: str) -> bool:
+    return daemon_set(daemon, name) is None

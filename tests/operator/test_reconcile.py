@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warmfleet_daemon.contract import PromptState, WarmPromptStatus, WarmSetSpec, WarmSetStatus
-from warmfleet_operator.model import InvalidSpec, Node, Observation, SetKey
+from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, SetKey
 from warmfleet_operator.reconcile import (
     changed,
     describe,
@@ -299,3 +299,39 @@ def test_heartbeats_alone_are_not_a_change() -> None:
         now=LATER,
     )
     assert changed(first, later)
+
+
+def test_status_entries_hold_no_nulls() -> None:
+    """The API server prunes nulls; a status with them never reads back as written."""
+    node = Node("a", "http://a", {})
+    warm = WarmSetStatus(
+        namespace="ns", name="s", generation=1, uid="u", source_hash="h", content_hash="c",
+        concurrency=2, pin=True, prompts=[], warm=0, total=0, updated_at=0.0,
+    )  # fmt: skip
+    for seen in [Observation("a", True, warm), Observation("a", True, None), None]:
+        status = set_status(
+            generation=1, selected=[node], observations={"a": seen} if seen else {},
+            desired=None, invalid=None, previous=[], now=NOW,
+        )  # fmt: skip
+        assert all(v is not None for entry in status["nodes"] for v in entry.values())
+
+
+def test_a_set_over_the_size_limit_is_refused_with_a_reason() -> None:
+    """The CRD bounds a set's text; ConfigMaps can still grow it past the bound."""
+    big = "- {role: system, content: '" + "x" * 300_000 + "'}\n"
+    spec = {
+        "prompts": [
+            {"name": f"p{i}", "messagesFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}
+            for i in range(2)
+        ]
+    }
+    with pytest.raises(InvalidSpec) as caught:
+        resolve(spec, "ns", 1, {("ns", "cm"): {"k": big}})
+    assert caught.value.reason == "TooLarge" and "524288" in caught.value.message
+
+
+def test_the_log_line_says_where_a_push_failed() -> None:
+    node = Node("d1", "http://d1", {})
+    desired = resolve(SPEC, "ns", 1, {})
+    line = describe(SetKey("ns", "s"), [Push(node, desired)], [], {"d1": "422 too long"})
+    assert "pushed to" not in line and "push failed on d1 (422 too long)" in line

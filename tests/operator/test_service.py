@@ -24,8 +24,8 @@ pytestmark = pytest.mark.asyncio
 
 
 class NoTokens:
-    async def token(self, ref: SecretRef) -> str | None:
-        return None
+    async def token(self, ref: SecretRef) -> str:
+        raise AssertionError(f"no token configured, yet asked for {ref}")
 
 
 class SlowDaemon:
@@ -147,16 +147,18 @@ async def emulator() -> Any:
 
 async def test_emulator_versions_like_kube_apiserver(emulator: httpx.AsyncClient) -> None:
     path = "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets"
-    body = {"apiVersion": "warmfleet.io/v1alpha1", "kind": "WarmPromptSet"}
+    body = {"apiVersion": "warmfleet.io/v1alpha1", "kind": "WarmPromptSet", "spec": SPEC}
     created = (await emulator.post(path, json={**body, "metadata": {"name": "a"}})).json()
     meta = created["metadata"]
     assert meta["generation"] == 1 and meta["uid"] and meta["resourceVersion"]
 
     merge = {"Content-Type": "application/merge-patch+json"}
-    spec = (await emulator.patch(f"{path}/a", json={"spec": {"x": 1}}, headers=merge)).json()
+    spec = (await emulator.patch(f"{path}/a", json={"spec": {"pin": False}}, headers=merge)).json()
     assert spec["metadata"]["generation"] == 2
     assert spec["metadata"]["resourceVersion"] != meta["resourceVersion"]
-    status = await emulator.patch(f"{path}/a/status", json={"status": {"y": 1}}, headers=merge)
+    status = await emulator.patch(
+        f"{path}/a/status", json={"status": {"warmNodes": "0/0"}}, headers=merge
+    )
     assert status.json()["metadata"]["generation"] == 2  # status does not bump it
 
     # kopf's optimistic JSON patch with a stale resourceVersion: 422, nothing applied.
@@ -169,3 +171,132 @@ async def test_emulator_versions_like_kube_apiserver(emulator: httpx.AsyncClient
     )
     assert r.status_code == 422 and r.json()["kind"] == "Status"
     assert "finalizers" not in (await emulator.get(f"{path}/a")).json()["metadata"]
+
+
+class RejectingDaemon:
+    """A daemon that refuses every push with 422, and counts them."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            self.puts += 1
+            error = {"message": "prompt 'p' is too long", "type": "invalid_request_error"}
+            return httpx.Response(422, json={"error": error})
+        return httpx.Response(404, json={"error": {"message": "no such set"}})
+
+
+async def test_a_rejected_push_is_reported_and_not_repeated_for_the_same_content() -> None:
+    daemon = RejectingDaemon()
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))
+    service = Service(client, rejection_backoff=60)
+    node = Node("d1", "http://d1", {})
+
+    async def reconcile(spec: dict[str, Any]) -> Any:
+        return await service.reconcile(
+            KEY, spec=spec, generation=1, uid="u", nodes=[node], configmaps={}, status=None
+        )
+
+    first = await reconcile(SPEC)
+    assert "pushed to" not in first.summary and "push failed on d1" in first.summary
+    ready = next(c for c in first.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PushRejected")
+    assert "too long" in first.status["nodes"][0]["error"]
+    again = await reconcile(SPEC)  # a resync: same content, same daemon process
+    assert daemon.puts == 1 and not again.pushes
+    assert next(c for c in again.status["conditions"] if c["type"] == "Ready")["reason"] == (
+        "PushRejected"
+    )
+    edited = {"prompts": [{"name": "p", "messages": [{"role": "system", "content": "hey"}]}]}
+    await reconcile(edited)  # new content: tried at once
+    assert daemon.puts == 2
+    await client.close()
+
+
+class RefusingDaemon:
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": {"message": "invalid admin token"}})
+
+
+async def test_a_daemon_refusing_the_token_is_reachable_but_unauthorized() -> None:
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(RefusingDaemon()))
+    service = Service(client)
+    node = Node("d1", "http://d1", {})
+    status = await service.probe(node)
+    assert status["reachable"] is True and "invalid admin token" in status["error"]
+    authorized = next(c for c in status["conditions"] if c["type"] == "Authorized")
+    assert (authorized["status"], authorized["reason"]) == ("False", "Unauthorized")
+    removal = await service.remove_everywhere(KEY, [node])  # no retries: it is not down
+    assert removal.refused == ["d1"] and removal.unreachable == []
+    await client.close()
+
+
+async def test_secrets_without_a_namespace_are_read_in_the_operators_own(
+    emulator: httpx.AsyncClient,
+) -> None:
+    import kopf
+
+    from warmfleet_operator.client import DaemonError, KubeClient
+
+    await emulator.post(
+        "/api/v1/namespaces/ops/secrets",
+        json={"metadata": {"name": "daemon-token", "namespace": "ops"}, "data": {"token": "czM="}},
+    )
+    kube = KubeClient()
+    kube.configure_from(kopf.ConnectionInfo(server=str(emulator.base_url), default_namespace="ops"))
+    assert await kube.token(SecretRef("daemon-token", "token")) == "s3"
+    with pytest.raises(DaemonError) as caught:
+        await kube.token(SecretRef("missing", "token"))
+    assert caught.value.status == 401 and "ops/missing" in caught.value.message
+    await kube.close()
+
+
+class MissingToken:
+    async def token(self, ref: SecretRef) -> str:
+        from warmfleet_operator.client import DaemonError
+
+        raise DaemonError(f"admin token Secret ops/{ref.name} not found", status=401)
+
+
+@pytest.mark.parametrize("up", [True, False])
+async def test_a_missing_token_is_not_mistaken_for_an_answer_or_an_outage(up: bool) -> None:
+    """Without a token nothing is sent to the admin routes: /healthz says if it is up."""
+
+    async def daemon(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/healthz" and "authorization" not in request.headers
+        if not up:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"status": "ok"})
+
+    client = DaemonClient(MissingToken(), transport=httpx.MockTransport(daemon))
+    service = Service(client)
+    node = Node("d1", "http://d1", {}, token_ref=SecretRef("daemon-token", "token"))
+    status = await service.probe(node)
+    assert status["reachable"] is up and "ops/daemon-token not found" in status["error"]
+    if up:
+        authorized = next(c for c in status["conditions"] if c["type"] == "Authorized")
+        assert authorized["reason"] == "TokenUnavailable"
+        outcome = await service.reconcile(
+            KEY, spec=SPEC, generation=1, uid="u", nodes=[node], configmaps={}, status=None
+        )
+        ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "Unauthorized")
+    await client.close()
+
+
+async def test_a_status_without_the_warm_set_detail_is_not_read_as_empty() -> None:
+    """A daemon that shows only counts to callers without its admin token."""
+
+    async def daemon(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/status":
+            return httpx.Response(200, json={"instance_id": "i1", "warm_sets": 3})
+        return httpx.Response(404, json={"error": {"message": "no such set"}})
+
+    client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))
+    service = Service(client, snapshot_max_age=60)
+    node = Node("d1", "http://d1", {})
+    status = await service.probe(node)
+    assert status["reachable"] is True and status["instanceId"] == "i1"
+    assert "warmSets" not in status and service.held.sets(node) == {}
+    await client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -60,6 +61,10 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[st
     detail = {"warm_sets": [s.model_dump() for s in sets]} if admin else {}
     return {
         "version": __version__,
+        "instance_id": state.instance_id,
+        "started_at": datetime.datetime.fromtimestamp(
+            state.started_at, datetime.timezone.utc
+        ).isoformat(),
         "model": {
             "id": state.served_name(),
             "source": model.source,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +48,8 @@ class DaemonState:
     ready: Ready | None = None
     load_error: str | None = None
     started_at: float = field(default_factory=time.time)
+    # New on every start: lets the operator tell a restarted daemon (sets lost) at once.
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     _thread: threading.Thread | None = None
 
     def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
