@@ -195,9 +195,8 @@ OPERATOR_NODE_RULES = {
     ("warmfleet.io", "warmnodes/status", "patch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-    ("", "namespaces", "list"),
-    ("", "namespaces", "watch"),
 }
+NAMESPACE_RULES = {("", "namespaces", "list"), ("", "namespaces", "watch")}
 
 
 def test_operator_rbac_cluster_wide_is_exactly_what_it_uses() -> None:
@@ -215,7 +214,7 @@ def test_operator_rbac_cluster_wide_is_exactly_what_it_uses() -> None:
 
 def test_operator_rbac_with_watch_namespaces_is_namespaced() -> None:
     docs = render(ALL)
-    assert _rules(one(docs, "ClusterRole", "wf-operator")) == OPERATOR_NODE_RULES
+    assert _rules(one(docs, "ClusterRole", "wf-operator")) == OPERATOR_NODE_RULES | NAMESPACE_RULES
     roles = {
         d["metadata"]["namespace"]: d
         for d in by_kind(docs, "Role")
@@ -454,3 +453,34 @@ def test_readme_values_for_three_macs_render_and_validate(tmp_path: Path) -> Non
     assert [d["metadata"]["name"] for d in by_kind(docs, "WarmPromptSet")] == ["code-review"]
     operator = _container(one(docs, "Deployment", "warmfleet-operator"))
     assert operator["image"] == "registry.example.com/platform/warmfleet:0.1.0"
+
+
+def _operator_grants(docs: list[dict[str, Any]], names: set[str]) -> set[tuple[str, str, str]]:
+    return {
+        rule
+        for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        if doc["metadata"]["name"] in names
+        for rule in _rules(doc)
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "deploy_dir", "names"),
+    [
+        (None, "all-namespaces", {"warmfleet-operator", "warmfleet-operator-secrets"}),
+        (ALL, "namespaced", {"wf-operator", "wf-operator-secrets"}),
+    ],
+)
+def test_the_chart_grants_the_operator_what_deploy_rbac_grants(
+    values: Path | None, deploy_dir: str, names: set[str]
+) -> None:
+    """deploy/rbac/ is what the e2e suite runs the operator as on a real API server; the
+    chart splits the same rules by namespace but grants no more and no less."""
+    docs = render(values) if values else render()
+    shipped = [
+        doc
+        for path in sorted((ROOT / "deploy" / "rbac" / deploy_dir).glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc["kind"] in ("ClusterRole", "Role")
+    ]
+    assert _operator_grants(docs, names) == {r for doc in shipped for r in _rules(doc)}
