@@ -65,8 +65,8 @@ def test_completion_logprobs_whole_and_streamed(client) -> None:
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     lp = choice["logprobs"]
-    # (The detokenizer drops the first token's leading space from the text.)
-    assert "".join(lp["tokens"]).lstrip() == choice["text"].lstrip()
+    # The text is the tokens, leading space included: a completion continues its prompt.
+    assert "".join(lp["tokens"]) == choice["text"]
     assert len(lp["token_logprobs"]) == len(lp["tokens"]) == 5
     assert all(len(top) <= 2 and max(top.values()) <= 0 for top in lp["top_logprobs"])
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])

@@ -81,3 +81,16 @@ def test_empty_and_bad_inputs_are_prompt_errors(prompts: PromptBuilder) -> None:
     with pytest.raises(PromptError):
         prompts.completion("")
     assert prompts.completion([1, 2, 3]).tokens == (1, 2, 3)
+
+
+def test_the_detokenizer_keeps_a_continuations_leading_space() -> None:
+    """"The sky is" + " blue" is " blue": mlx-lm's BPE detokenizer would give "blue"."""
+    from warmfleet_daemon.models.loader import load_gguf_tokenizer_only
+
+    tokenizer = load_gguf_tokenizer_only()
+    ids = tokenizer.encode(" blue sky", add_special_tokens=False)
+    detokenizer = tokenizer.detokenizer
+    for token in ids:
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    assert detokenizer.text == " blue sky"

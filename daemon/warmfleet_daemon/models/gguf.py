@@ -199,7 +199,15 @@ def _tokenizer(meta: dict[str, Any], path: Path) -> TokenizerWrapper:
         chat_template=meta.get("tokenizer.chat_template"),
         clean_up_tokenization_spaces=False,
     )
-    return TokenizerWrapper(hf, detokenizer_class=BPEStreamingDetokenizer)
+    return TokenizerWrapper(hf, detokenizer_class=ContinuingBPEDetokenizer)
+
+
+class ContinuingBPEDetokenizer(BPEStreamingDetokenizer):  # type: ignore[misc]
+    """mlx-lm's BPE detokenizer drops the first generated token's leading space; a
+    completion continues its prompt ("The sky is" + " blue"), so the space is text."""
+
+    def _maybe_trim_space(self, current_text: str) -> str:
+        return current_text
 
 
 def load_gguf_tokenizer(path: Path) -> TokenizerWrapper:
