@@ -84,7 +84,7 @@ def test_empty_and_bad_inputs_are_prompt_errors(prompts: PromptBuilder) -> None:
 
 
 def test_the_detokenizer_keeps_a_continuations_leading_space() -> None:
-    """"The sky is" + " blue" is " blue": mlx-lm's BPE detokenizer would give "blue"."""
+    """ "The sky is" + " blue" is " blue": mlx-lm's BPE detokenizer would give "blue"."""
     from warmfleet_daemon.models.loader import load_gguf_tokenizer_only
 
     tokenizer = load_gguf_tokenizer_only()
