@@ -91,7 +91,24 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
         "JSON/YAML list of {name, messages, tools}",
     )
     p.add_argument("--warm-prompts-concurrency", type=int, metavar="N")
-    p.add_argument("--state-dir", help="keep pushed warm sets here; re-warm them after a restart")
+    p.add_argument(
+        "--state-dir",
+        help="keep pushed warm sets and KV snapshots of their blocks here; a restart reloads "
+        "them instead of prefilling",
+    )
+    p.add_argument(
+        "--snapshot-disk-mb",
+        type=int,
+        metavar="MB",
+        help="disk budget of the KV snapshots in --state-dir (default 4096; 0: no snapshots)",
+    )
+    p.add_argument(
+        "--warm-from",
+        action="append",
+        metavar="URL",
+        help="a warm peer daemon (same model and flags): copy its blocks before prefilling a "
+        "warm prompt; repeatable (its admin token: this daemon's own)",
+    )
     p.add_argument(
         "--admin-token-file",
         metavar="FILE",

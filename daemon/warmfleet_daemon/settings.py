@@ -65,6 +65,15 @@ class DaemonSettings(BaseSettings):
     max_warm_message_chars: int = Field(200_000, ge=1)
     max_pinned_fraction: float = Field(0.8, gt=0.0, le=1.0)
 
+    # Warm without prefill.
+    snapshot_disk_mb: int = Field(
+        4096, ge=0, description="disk for KV snapshots of warm blocks in --state-dir; 0: none"
+    )
+    warm_from: list[str] = Field(
+        default_factory=list,
+        description="peer daemons to copy warm blocks from before prefilling (same fingerprint)",
+    )
+
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()
         return mb * MiB

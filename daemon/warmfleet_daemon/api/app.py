@@ -8,7 +8,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from warmfleet_daemon import __version__
-from warmfleet_daemon.api import routes_diagnostics, routes_openai, routes_status, routes_warm
+from warmfleet_daemon.api import (
+    routes_diagnostics,
+    routes_kv,
+    routes_openai,
+    routes_status,
+    routes_warm,
+)
 from warmfleet_daemon.api.errors import BodySizeLimit, install_error_handlers
 from warmfleet_daemon.api.state import DaemonState
 from warmfleet_daemon.engine.core import Engine
@@ -42,4 +48,5 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     app.include_router(routes_status.router)
     app.include_router(routes_warm.router)
     app.include_router(routes_diagnostics.router)
+    app.include_router(routes_kv.router)
     return app

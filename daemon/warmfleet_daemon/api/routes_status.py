@@ -54,6 +54,7 @@ async def status(ready: ReadyDep, state: StateDep) -> dict[str, Any]:
             "tokens_saved": cache.tokens_saved,
         },
         "warm_sets": [s.model_dump() for s in ready.warm.list()],
+        "kv_transfer": ready.transfer.status() if ready.transfer else None,
         # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
         "diagnostics": await run_in_threadpool(ready.diagnostics.summary),
     }

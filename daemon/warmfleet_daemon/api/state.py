@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
 from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
-from warmfleet_daemon.settings import DaemonSettings
+from warmfleet_daemon.settings import DaemonSettings, MiB
 from warmfleet_daemon.state_store import StateStore
 from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.warming import Limits, WarmManager, WarmSetError, read_warm_prompts_file
@@ -32,6 +33,7 @@ class Ready:
     warm: WarmManager
     telemetry: Telemetry
     diagnostics: CacheDiagnostics
+    transfer: KVTransfer | None = None
 
     @property
     def model(self) -> LoadedModel:
@@ -70,6 +72,13 @@ class DaemonState:
     def attach(self, engine: Engine) -> None:
         """Serve `engine`: start it, then restore and warm the warm sets."""
         settings = self.settings
+        transfer = KVTransfer(  # probes the model: before the engine thread starts
+            engine,
+            state_dir=settings.state_dir,
+            snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
+            warm_from=settings.warm_from,
+            peer_token=settings.admin_token,
+        )
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
@@ -86,6 +95,7 @@ class DaemonState:
                 max_pinned_fraction=settings.max_pinned_fraction,
             ),
             store=StateStore(settings.state_dir) if settings.state_dir else None,
+            transfer=transfer,
         )
         telemetry = Telemetry(
             TelemetryConfig(
@@ -103,7 +113,7 @@ class DaemonState:
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
         # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
-        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry, diagnostics)
+        self.ready = Ready(engine, prompts, frozenset(ids), warm, telemetry, diagnostics, transfer)
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
         try:
@@ -121,5 +131,7 @@ class DaemonState:
     def shutdown(self) -> None:
         if self.ready is not None:
             self.ready.warm.stop()
+            if self.ready.transfer is not None:
+                self.ready.transfer.stop()
             self.ready.engine.stop()
             self.ready.telemetry.shutdown()

@@ -244,6 +244,11 @@ class Engine:
             prompt.tokens, block_size=self.config.block_size, cuts=prompt.cuts, root=self._root
         )
 
+    @property
+    def root(self) -> bytes:
+        """The parent key of every prompt's first block (peers compute each other's keys)."""
+        return self._root
+
     def block_bytes(self, tokens: int) -> int:
         """What a prompt of `tokens` tokens occupies in the prefix cache (an estimate:
         its blocks' boundaries depend on the prompt)."""
