@@ -6,30 +6,16 @@ corrupt or truncated one is ignored with one log line and prefilled as without i
 from __future__ import annotations
 
 import logging
-import random
 from pathlib import Path
 
 import pytest
 
-from support import request, run, tokens_of
+from kv_support import BLOCK, answer, from_scratch, prompts
+from support import request, run
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.snapshots import SUBDIR
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel
-from warmfleet_daemon.prompts import RenderedPrompt
-
-VOCAB = (100, 49000)
-BLOCK = 16
-
-
-def prompts(seed: int = 5) -> tuple[RenderedPrompt, RenderedPrompt]:
-    """A warm prefix (ends at a cut, like warm-up's) and a request that continues it."""
-    rng = random.Random(seed)
-    prefix = [rng.randrange(*VOCAB) for _ in range(90)]
-    question = [rng.randrange(*VOCAB) for _ in range(12)]
-    return RenderedPrompt(tuple(prefix), (40,)), RenderedPrompt(
-        tuple(prefix + question), (40, len(prefix))
-    )
 
 
 def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -> KVTransfer:
@@ -41,19 +27,6 @@ def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -
     assert transfer.snapshots is not None and transfer.snapshots.flush()
     transfer.stop()
     return transfer
-
-
-def from_scratch(engine: Engine, prompt: RenderedPrompt) -> list[int]:
-    engine.clear_prefix_cache()
-    out = tokens_of(run(engine, request(prompt.tokens, prompt.cuts))[0])
-    engine.clear_prefix_cache()
-    return out
-
-
-def answer(engine: Engine, prompt: RenderedPrompt) -> tuple[list[int], int]:
-    events = run(engine, request(prompt.tokens, prompt.cuts))[0]
-    assert events[-1].usage is not None
-    return tokens_of(events), events[-1].usage.cached_tokens
 
 
 def files(state_dir: Path) -> list[Path]:
@@ -127,7 +100,8 @@ def test_a_corrupt_snapshot_is_ignored_and_the_rest_prefilled(
     assert restored.from_disk == 2  # the blocks before the damaged one
     messages = [r.getMessage() for r in caplog.records if "Ignoring KV snapshot" in r.getMessage()]
     assert len(messages) == 1
-    assert ("checksum" in messages[0]) if damage == "flipped-byte" else ("unreadable" in messages[0])
+    reason = "checksum" if damage == "flipped-byte" else "unreadable"
+    assert reason in messages[0]
     assert not bad.exists()  # deleted: the next warm-up writes a good one
     tokens, cached = answer(engine, full)
     assert cached == chunks[1].end  # the restored blocks; the rest was prefilled
