@@ -9,9 +9,13 @@ every tensor byte, and each layer's shapes and dtypes against this model's own l
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -103,14 +107,16 @@ class BlockCodec:
 
     def to_bytes(self, payload: kv.BlockPayload, chunk: Chunk) -> bytes:
         arrays, meta = self.encode(payload, chunk)
-        buffer = io.BytesIO()
-        mx.save_safetensors(buffer, arrays, meta)
-        return buffer.getvalue()
+        with _scratch_file() as path:
+            mx.save_safetensors(path, arrays, meta)
+            return Path(path).read_bytes()
 
     # -- decoding -------------------------------------------------------------------
 
     def from_bytes(self, data: bytes, chunk: Chunk) -> kv.BlockPayload:
-        return self.decode(*_load(io.BytesIO(data)), chunk)
+        with _scratch_file() as path:
+            Path(path).write_bytes(data)
+            return self.decode(*_load(path), chunk)
 
     def from_file(self, path: str, chunk: Chunk) -> kv.BlockPayload:
         return self.decode(*_load(path), chunk)
@@ -165,7 +171,19 @@ class BlockCodec:
         return kv.BlockPayload(tuple(layers), sum(a.nbytes for a in everything), logits)
 
 
-def _load(source: Any) -> tuple[dict[str, mx.array], dict[str, Any]]:
+@contextmanager
+def _scratch_file() -> Iterator[str]:
+    # mlx reads and writes Python file objects through callbacks that deadlock with an
+    # engine thread evaluating at the same time (seen here); paths do not.
+    fd, path = tempfile.mkstemp(prefix="warmfleet-block-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _load(source: str) -> tuple[dict[str, mx.array], dict[str, Any]]:
     try:
         arrays, meta = mx.load(source, format="safetensors", return_metadata=True)
     except (RuntimeError, ValueError, OSError) as exc:  # truncated or not safetensors
@@ -183,9 +201,12 @@ def _checksum(arrays: dict[str, mx.array], meta: dict[str, Any]) -> str:
     for name in sorted(arrays):
         a = arrays[name]
         h.update(f"{name}|{a.dtype}|{tuple(a.shape)}\n".encode())
-        dense = mx.contiguous(a)  # memoryview needs C order (logits are a slice)
-        mx.eval(dense)
-        h.update(memoryview(dense))  # type: ignore[arg-type]
+        view = memoryview(a)  # type: ignore[arg-type]
+        if not view.c_contiguous:  # not seen (blocks are contiguous copies), but be exact
+            dense = mx.contiguous(a)
+            mx.eval(dense)
+            view = memoryview(dense)  # type: ignore[arg-type]
+        h.update(view.cast("B"))
     return h.hexdigest()
 
 
