@@ -57,6 +57,9 @@ class BlockRestorer:
         self, prompt: RenderedPrompt, peers: Sequence[str], then: Callable[[], None]
     ) -> None:
         """Restore in the background, then call `then` (which submits the warm-up)."""
+        if self.snapshots is None and not peers and not self.default_peers:
+            then()  # nothing to restore from: no detour through the pool
+            return
 
         def run() -> None:
             try:
