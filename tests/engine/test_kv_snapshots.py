@@ -6,16 +6,18 @@ corrupt or truncated one is ignored with one log line and prefilled as without i
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 
 import pytest
 
-from kv_support import BLOCK, answer, from_scratch, prompts
+from kv_support import BLOCK, VOCAB, answer, from_scratch, prompts
 from support import request, run
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.snapshots import SUBDIR
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel
+from warmfleet_daemon.prompts import RenderedPrompt
 
 
 def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -> KVTransfer:
@@ -132,4 +134,37 @@ def test_blocks_nobody_wants_are_deleted(tiny, make_engine, tmp_path):
     transfer.sync_snapshots([], [])  # e.g. the set was deleted
     assert transfer.snapshots is not None and transfer.snapshots.flush()
     assert files(tmp_path) == []
+    transfer.stop()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["tiny-random-lfm2", "tiny-random-gemma3", pytest.param("default", marks=pytest.mark.embedded)],
+)
+def test_other_layer_types_and_the_embedded_model_restore_like_scratch(spec, make_engine, tmp_path):
+    # lfm2 and gemma3 store state snapshots (convolutions, rotating windows), not KV
+    # slices; the embedded model is the real one.
+    from support import model
+
+    loaded = model(spec)
+    block = 16 if spec != "default" else 128
+    rng = random.Random(11)
+    prefix = RenderedPrompt(tuple(rng.randrange(*VOCAB) for _ in range(300)), (100,))
+    full = RenderedPrompt(
+        prefix.tokens + tuple(rng.randrange(*VOCAB) for _ in range(9)), (100, 300)
+    )
+    engine = make_engine(loaded, block_size=block)
+    transfer = KVTransfer(engine, state_dir=tmp_path, snapshot_budget_bytes=256 << 20)
+    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
+    keys = [c.key for c in engine.plan(prefix)]
+    transfer.sync_snapshots(keys, [keys])
+    assert transfer.snapshots is not None and transfer.snapshots.flush()
+    transfer.stop()
+
+    engine = make_engine(loaded, block_size=block)
+    transfer = KVTransfer(engine, state_dir=tmp_path, snapshot_budget_bytes=256 << 20)
+    assert transfer.restorer.restore(prefix).from_disk == len(keys)
+    tokens, cached = answer(engine, full)
+    assert cached == 300
+    assert tokens == from_scratch(engine, full)
     transfer.stop()
