@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1 << 20
@@ -73,6 +74,14 @@ class DaemonSettings(BaseSettings):
         default_factory=list,
         description="peer daemons to copy warm blocks from before prefilling (same fingerprint)",
     )
+
+    @field_validator("warm_from")
+    @classmethod
+    def _peer_urls(cls, urls: list[str]) -> list[str]:
+        bad = [u for u in urls if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", u)]
+        if bad:
+            raise ValueError(f"--warm-from takes http(s) base URLs; not: {', '.join(bad)}")
+        return [u.rstrip("/") for u in urls]
 
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()
