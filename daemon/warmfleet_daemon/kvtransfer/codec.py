@@ -132,7 +132,10 @@ class BlockCodec:
                 f"fingerprint {meta.get('fingerprint')} is not this model's {self.fingerprint} "
                 "(other weights, tokenizer, template, block size or mlx version)"
             )
-        mx.eval(list(arrays.values()))  # a truncated file fails here, not later
+        try:
+            mx.eval(list(arrays.values()))  # a truncated file fails here, not later
+        except (RuntimeError, ValueError) as exc:
+            raise BlockError(f"unreadable block ({exc})") from exc
         if meta.get("checksum") != _checksum(arrays, meta):
             raise BlockError("checksum mismatch (corrupt block)")
         span = (meta.get("key"), meta.get("start"), meta.get("end"))
@@ -167,6 +170,8 @@ class BlockCodec:
                     raise BlockError(f"layer {i}: unreadable state ({exc})") from exc
                 layers.append(kv.Snapshot(cache_type, state, meta_state))
         logits = arrays.get("logits")
+        if logits is not None and (logits.ndim != 2 or logits.shape[0] != 1):
+            raise BlockError(f"logits of shape {tuple(logits.shape)}, not (1, vocab)")
         everything = list(arrays.values())
         return kv.BlockPayload(tuple(layers), sum(a.nbytes for a in everything), logits)
 
