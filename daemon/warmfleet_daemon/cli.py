@@ -82,6 +82,13 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")
     p.add_argument("--block-size", type=int, help="prefill chunk / cache block, in tokens")
     p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
+    p.add_argument(
+        "--prefill-aging-picks",
+        type=int,
+        metavar="N",
+        help="prefill order: shortest remaining first, a prompt counting one block shorter per "
+        "N chunks it waited (default 4; 0: no aging, long prompts can starve under load)",
+    )
     p.add_argument("--default-max-tokens", type=int)
     p.add_argument("--default-temperature", type=float)
     p.add_argument(

@@ -39,6 +39,13 @@ class DaemonSettings(BaseSettings):
         None, ge=8, le=8192, description="prefill chunk = cache block, in tokens (CPU 128, GPU 512)"
     )
     max_num_seqs: int = Field(16, ge=1, le=512, description="sequences prefilling or decoding")
+    prefill_aging_picks: int = Field(
+        4,
+        ge=0,
+        le=10_000,
+        description="a waiting prompt counts one block shorter per N chunks prefilled for "
+        "others (bounds a long prompt's wait); 0: plain shortest-first",
+    )
     default_max_tokens: int = Field(512, ge=1)
     default_temperature: float = Field(
         1.0, ge=0.0, le=2.0, description="when a request sets none (OpenAI's default is 1)"

@@ -67,6 +67,7 @@ class DaemonState:
             block_size=self.settings.resolved_block_size(loaded.on_gpu),
             cache_budget_bytes=self.settings.cache_budget_bytes(),
             max_num_seqs=self.settings.max_num_seqs,
+            prefill_aging_picks=self.settings.prefill_aging_picks,
         )
 
     def attach(self, engine: Engine) -> None:

@@ -52,6 +52,7 @@ class EngineConfig:
     block_size: int
     cache_budget_bytes: int
     max_num_seqs: int = 16
+    prefill_aging_picks: int = prefill_order.AGING_PICKS  # 0: shortest-first, no aging
 
 
 @dataclass(frozen=True)
@@ -398,7 +399,10 @@ class Engine:
         candidates = [
             prefill_order.Candidate(s.remaining_prefill, s.skipped, s.arrival) for s in eligible
         ]
-        choice = eligible[prefill_order.pick(candidates, self.config.block_size)]
+        config = self.config
+        choice = eligible[
+            prefill_order.pick(candidates, config.block_size, config.prefill_aging_picks)
+        ]
         for seq in self._prefilling:
             if seq is not choice:
                 seq.skipped += 1

@@ -28,11 +28,14 @@ class Candidate:
     arrival: int  # submission order: the tie-breaker
 
 
-def priority(c: Candidate, block_size: int) -> tuple[float, int]:
-    """Lower is served first."""
-    return (c.remaining - c.waited * block_size / AGING_PICKS, c.arrival)
+def priority(c: Candidate, block_size: int, aging_picks: int = AGING_PICKS) -> tuple[float, int]:
+    """Lower is served first. `aging_picks` 0: no aging (plain shortest-first)."""
+    age = c.waited * block_size / aging_picks if aging_picks else 0.0
+    return (c.remaining - age, c.arrival)
 
 
-def pick(candidates: Sequence[Candidate], block_size: int) -> int:
+def pick(candidates: Sequence[Candidate], block_size: int, aging_picks: int = AGING_PICKS) -> int:
     """The index of the candidate to prefill next."""
-    return min(range(len(candidates)), key=lambda i: priority(candidates[i], block_size))
+    return min(
+        range(len(candidates)), key=lambda i: priority(candidates[i], block_size, aging_picks)
+    )
