@@ -12,7 +12,19 @@ system prompt (a nonce first, so nothing is shared between repetitions):
 The first request is the system prompt plus a short user question, streamed, as a
 client sees it. Prints medians.
 
-    .venv/bin/python bench/warm_start.py [--repeats 3]
+Warm without prefill (`--part kv`, or `all`), with another fresh prompt per repetition:
+
+  prefill  `warmfleet serve --warm-prompts F --state-dir S` on an empty S: the warm-up
+           prefills (today's cost of every restart) and writes KV snapshots to S.
+  peer     while it runs, `warmfleet serve --warm-prompts F --warm-from URL`: a new
+           daemon that copies the blocks over loopback instead of prefilling.
+  restart  the first daemon stopped and started again on S: reloads the snapshots.
+
+For each: process start -> warm (`/readyz?warm=1`; the log line's time), the warm-up
+itself (its log line), and the first request's TTFT; plus the bytes per cached token
+and the disk the snapshots use.
+
+    .venv/bin/python bench/warm_start.py [--repeats 3] [--part start|kv|all]
 """
 
 from __future__ import annotations
@@ -21,11 +33,13 @@ import datetime
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 from engine_vs_mlx_lm import (
@@ -106,9 +120,141 @@ def measure(repeat: int, tokenizer: object, model_dir: str, tokens: int, f: Figu
         f.ttft_mlx.append(stream(s.url, s.model, first, 8).ttft_s)
 
 
+@dataclass
+class KVFigures:
+    tokens: list[int] = field(default_factory=list)
+    warm: dict[str, list[float]] = field(default_factory=dict)  # process start -> warm
+    warm_up: dict[str, list[float]] = field(default_factory=dict)  # the log line's time
+    ttft: dict[str, list[float]] = field(default_factory=dict)
+    cached: dict[str, list[int | None]] = field(default_factory=dict)
+    bytes_per_token: list[int] = field(default_factory=list)
+    disk_bytes: list[int] = field(default_factory=list)
+
+    def add(self, kind: str, s: object, first: list[dict], tokens: int) -> None:
+        log = s.log.read_text()  # type: ignore[attr-defined]
+        done, at = logged_at(log, WARM_UP_LINE, s.started_at)  # type: ignore[attr-defined]
+        assert int(done.group(1)) == tokens, log
+        self.warm.setdefault(kind, []).append(at)
+        self.warm_up.setdefault(kind, []).append(float(done.group(2)))
+        result = stream(s.url, s.model, first, 8)  # type: ignore[attr-defined]
+        self.ttft.setdefault(kind, []).append(result.ttft_s)
+        self.cached.setdefault(kind, []).append(result.cached_tokens)
+
+
+def wait_warm(url: str) -> None:
+    while httpx.get(f"{url}/readyz", params={"warm": 1}).status_code != 200:
+        time.sleep(0.5)  # gently: polling takes CPU from the engine on 2 cores
+
+
+def measure_kv(repeat: int, tokenizer: object, tokens: int, f: KVFigures) -> None:
+    system = {"role": "system", "content": system_prompt(tokenizer, tokens, f"kv-{repeat}")}
+    first = [system, {"role": "user", "content": QUESTIONS[repeat % len(QUESTIONS)]}]
+    work = Path(tempfile.mkdtemp(prefix="warmfleet-kv-bench-"))
+    warm_file, state = work / "warm.json", work / "state"
+    warm_file.write_text(json.dumps([{"name": "agent", "messages": [system]}]))
+    env = {**os.environ}
+    base = ("--warm-prompts", str(warm_file), "--log-level", "info")
+    try:
+        cmd = warmfleet(free_port(), *base, "--state-dir", str(state))
+        with started(cmd, "default", "/readyz", env) as first_daemon:
+            wait_warm(first_daemon.url)
+            warm_set = httpx.get(f"{first_daemon.url}/v1/warm-sets/local/warm-prompts").json()
+            prompt_tokens = warm_set["prompts"][0]["tokens"]
+            f.tokens.append(prompt_tokens)
+            while True:  # the snapshot writer runs in the background
+                kv = httpx.get(f"{first_daemon.url}/v1/status").json()["kv_transfer"]
+                snaps = kv["snapshots"]
+                if snaps["files"] and snaps["written"] >= snaps["files"]:
+                    time.sleep(1.0)
+                    kv = httpx.get(f"{first_daemon.url}/v1/status").json()["kv_transfer"]
+                    break
+                time.sleep(0.5)
+            f.bytes_per_token.append(kv["kv_bytes_per_token"])
+            f.disk_bytes.append(kv["snapshots"]["bytes"])
+            # The peer first (it needs the first daemon up), then the first daemon's own
+            # first request: a warm hit, the TTFT to match.
+            cmd = warmfleet(free_port(), *base, "--warm-from", first_daemon.url)
+            with started(cmd, "default", "/readyz", env) as peer:
+                wait_warm(peer.url)
+                f.add("peer", peer, first, prompt_tokens)
+            f.add("prefill", first_daemon, first, prompt_tokens)
+        cmd = warmfleet(free_port(), *base, "--state-dir", str(state))
+        with started(cmd, "default", "/readyz", env) as again:
+            wait_warm(again.url)
+            f.add("restart", again, first, prompt_tokens)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# An 8B model on a Mac, computed from its shapes (Llama-3.1-8B: 32 layers, 8 KV heads of
+# 128 dims, fp16 KV). The rates are assumptions, not measurements: printed as such.
+EIGHT_B = {"layers": 32, "kv_heads": 8, "head_dim": 128, "bytes": 2}
+ASSUMED_PREFILL_TOK_S = 800.0  # 8B 4-bit prefill on an M2 Pro-class Mac
+ASSUMED_SSD_GB_S = 3.0
+ASSUMED_LINK_GB_S = {"10 GbE": 1.1, "1 GbE": 0.11}
+
+
+def report_kv(f: KVFigures, repeats: int) -> None:
+    med = statistics.median
+    print(f"\nwarm without prefill: {med(f.tokens):.0f}-token warm prompt; medians of {repeats}\n")
+    print(f"{'':28} {'start -> warm':>14} {'warm-up':>9} {'first TTFT':>11}  cached")
+    for kind in ("prefill", "restart", "peer"):
+        print(
+            f"{kind:28} {med(f.warm[kind]):12.2f} s {med(f.warm_up[kind]):7.2f} s "
+            f"{med(f.ttft[kind]):9.3f} s  {f.cached[kind]}"
+        )
+    prefill = med(f.warm_up["prefill"])
+    print(
+        f"\nrestart warm-up / re-prefill {med(f.warm_up['restart']) / prefill:.3f}x "
+        f"(target <= 0.1x); start->warm {med(f.warm['restart']) / med(f.warm['prefill']):.3f}x"
+    )
+    print(
+        f"peer warm-up / prefill {med(f.warm_up['peer']) / prefill:.3f}x (target <= 0.2x); "
+        f"start->warm {med(f.warm['peer']) / med(f.warm['prefill']):.3f}x"
+    )
+    hit = med(f.ttft["prefill"])
+    print(
+        f"first TTFT after restart / warm hit {med(f.ttft['restart']) / hit:.2f}x, "
+        f"after peer copy / warm hit {med(f.ttft['peer']) / hit:.2f}x"
+    )
+    per_token = med(f.bytes_per_token)
+    disk = med(f.disk_bytes)
+    print(
+        f"KV bytes per cached token {per_token:.0f} ({per_token / 1024:.1f} KiB); "
+        f"snapshot disk {disk / 2**20:.1f} MiB for {med(f.tokens):.0f} tokens "
+        f"({disk / med(f.tokens) / 1024:.1f} KiB/token with headers and block rounding)"
+    )
+    e = EIGHT_B
+    per_token_8b = 2 * e["layers"] * e["kv_heads"] * e["head_dim"] * e["bytes"]
+    tokens_8b = 10 * 8000
+    size = per_token_8b * tokens_8b
+    print(
+        f"\nESTIMATE (not measured) for Llama-3.1-8B on a Mac, ten 8k-token agent prompts: "
+        f"{per_token_8b / 1024:.0f} KiB/token, {size / 2**30:.1f} GiB of KV; re-prefill at an "
+        f"assumed {ASSUMED_PREFILL_TOK_S:.0f} tok/s {tokens_8b / ASSUMED_PREFILL_TOK_S:.0f} s; "
+        f"from an SSD at an assumed {ASSUMED_SSD_GB_S:.0f} GB/s "
+        f"{size / ASSUMED_SSD_GB_S / 1e9:.1f} s; "
+        + ", ".join(
+            f"from a peer over {name} {size / rate / 1e9:.0f} s"
+            for name, rate in ASSUMED_LINK_GB_S.items()
+        )
+    )
+
+
 def main() -> int:
-    args = arguments(__doc__).parse_args()
+    parser = arguments(__doc__)
+    parser.add_argument("--part", choices=["start", "kv", "all"], default="all")
+    args = parser.parse_args()
     tokenizer, model_dir = prepare(args.model_dir)
+
+    if args.part in ("kv", "all"):
+        kv = KVFigures()
+        for repeat in range(args.repeats):
+            print(f"warm without prefill, repetition {repeat + 1}/{args.repeats} ...", flush=True)
+            measure_kv(repeat, tokenizer, args.system_tokens, kv)
+        report_kv(kv, args.repeats)
+        if args.part == "kv":
+            return 0
 
     f = Figures()
     for repeat in range(args.repeats):

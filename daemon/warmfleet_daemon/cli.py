@@ -106,6 +106,13 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")
     p.add_argument("--block-size", type=int, help="prefill chunk / cache block, in tokens")
     p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
+    p.add_argument(
+        "--prefill-aging-picks",
+        type=int,
+        metavar="N",
+        help="prefill order: shortest remaining first, a prompt counting one block shorter per "
+        "N chunks it waited (default 4; 0: no aging, long prompts can starve under load)",
+    )
     p.add_argument("--default-max-tokens", type=int)
     p.add_argument("--default-temperature", type=float)
     p.add_argument(
@@ -115,7 +122,24 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
         "JSON/YAML list of {name, messages, tools}",
     )
     p.add_argument("--warm-prompts-concurrency", type=int, metavar="N")
-    p.add_argument("--state-dir", help="keep pushed warm sets here; re-warm them after a restart")
+    p.add_argument(
+        "--state-dir",
+        help="keep pushed warm sets and KV snapshots of their blocks here; a restart reloads "
+        "them instead of prefilling",
+    )
+    p.add_argument(
+        "--snapshot-disk-mb",
+        type=int,
+        metavar="MB",
+        help="disk budget of the KV snapshots in --state-dir (default 4096; 0: no snapshots)",
+    )
+    p.add_argument(
+        "--warm-from",
+        action="append",
+        metavar="URL",
+        help="a warm peer daemon (same model and flags): copy its blocks before prefilling a "
+        "warm prompt; repeatable (its admin token: this daemon's own)",
+    )
     p.add_argument(
         "--max-state-mb", type=int, metavar="N", help="bound on the state file (default 64)"
     )

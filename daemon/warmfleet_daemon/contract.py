@@ -7,6 +7,7 @@ daemon's chat API so a warm prompt renders exactly like a request.
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 PROMPT_NAME = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$"
+PEER_URL = r"https?://[^\s/?#]+(/[^\s?#]*)?"
 
 
 class TextPart(BaseModel):
@@ -128,6 +130,21 @@ class WarmSetSpec(BaseModel):
         description="the pusher's hash of what it resolved (e.g. ConfigMap contents); echoed "
         "in the status so it can tell whether a node has the latest",
     )
+    peers: list[str] = Field(
+        default_factory=list,
+        max_length=8,
+        description="base URLs of daemons known to be warm for this set: their blocks are "
+        "copied (when their KV fingerprint matches) before anything is prefilled; not part "
+        "of the content, so changing it re-warms nothing",
+    )
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_urls(cls, peers: list[str]) -> list[str]:
+        bad = [p for p in peers if len(p) > 2048 or not re.fullmatch(PEER_URL, p)]
+        if bad:
+            raise ValueError(f"peers must be http(s) base URLs; not: {', '.join(bad)}")
+        return [p.rstrip("/") for p in peers]
 
     @field_validator("prompts")
     @classmethod

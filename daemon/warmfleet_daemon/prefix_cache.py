@@ -123,6 +123,13 @@ class PrefixCache(Generic[P]):
             end = found[-1].end if found else (chunks[start - 1].end if start else 0)
             return PrefixMatch(tuple(b.payload for b in found), end)
 
+    def peek(self, key: BlockKey) -> tuple[P, int, int] | None:
+        """A stored block's payload, start and end, leaving its LRU place alone (for
+        snapshots and peer copies, which are not uses)."""
+        with self._lock:
+            block = self._blocks.get(key)
+            return (block.payload, block.start, block.end) if block is not None else None
+
     def __contains__(self, key: BlockKey) -> bool:
         with self._lock:
             return key in self._blocks

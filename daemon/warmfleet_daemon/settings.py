@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1 << 20
@@ -38,6 +39,13 @@ class DaemonSettings(BaseSettings):
         None, ge=8, le=8192, description="prefill chunk = cache block, in tokens (CPU 128, GPU 512)"
     )
     max_num_seqs: int = Field(16, ge=1, le=512, description="sequences prefilling or decoding")
+    prefill_aging_picks: int = Field(
+        4,
+        ge=0,
+        le=10_000,
+        description="a waiting prompt counts one block shorter per N chunks prefilled for "
+        "others (bounds a long prompt's wait); 0: plain shortest-first",
+    )
     default_max_tokens: int = Field(512, ge=1)
     default_temperature: float = Field(
         1.0, ge=0.0, le=2.0, description="when a request sets none (OpenAI's default is 1)"
@@ -65,6 +73,23 @@ class DaemonSettings(BaseSettings):
     max_warm_message_chars: int = Field(200_000, ge=1)
     max_pinned_fraction: float = Field(0.8, gt=0.0, le=1.0)
     max_state_mb: int = Field(64, ge=1, description="bound on the --state-dir file")
+
+    # Warm without prefill.
+    snapshot_disk_mb: int = Field(
+        4096, ge=0, description="disk for KV snapshots of warm blocks in --state-dir; 0: none"
+    )
+    warm_from: list[str] = Field(
+        default_factory=list,
+        description="peer daemons to copy warm blocks from before prefilling (same fingerprint)",
+    )
+
+    @field_validator("warm_from")
+    @classmethod
+    def _peer_urls(cls, urls: list[str]) -> list[str]:
+        bad = [u for u in urls if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", u)]
+        if bad:
+            raise ValueError(f"--warm-from takes http(s) base URLs; not: {', '.join(bad)}")
+        return [u.rstrip("/") for u in urls]
 
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()

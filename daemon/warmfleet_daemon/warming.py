@@ -32,6 +32,7 @@ from warmfleet_daemon.contract import (
 )
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
+from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.prompts import PromptBuilder, PromptError, RenderedPrompt
 from warmfleet_daemon.state_store import StateStore, StateTooLarge, invalid_key
 
@@ -135,8 +136,10 @@ class WarmManager:
         *,
         limits: Limits | None = None,
         store: StateStore | None = None,
+        transfer: KVTransfer | None = None,
     ) -> None:
         self.engine = engine
+        self.transfer = transfer  # blocks from disk or peers before a prefill
         self.prompts = prompts
         self.limits = limits or Limits()
         self.store = store
@@ -252,6 +255,7 @@ class WarmManager:
                     for entry in entries.values():
                         self._repin(entry)
             self._sets[key] = _Set(namespace, name, spec, set_hash, entries)
+            self._sync_snapshots()
             self._wake.notify_all()
             return self._sets[key].status()
 
@@ -266,6 +270,7 @@ class WarmManager:
             removed = self._sets.pop((namespace, name))
             for entry in removed.prompts.values():
                 self._release(entry)
+            self._sync_snapshots()
             return True
 
     def get(self, namespace: str, name: str) -> WarmSetStatus | None:
@@ -415,10 +420,16 @@ class WarmManager:
             if event.finish_reason is not None:
                 self._finished(warm_set, entry, event, started, label)
 
-        try:
-            self.engine.submit(request, done)
-        except Exception as exc:  # e.g. the engine refused the prompt
-            done(Event("", finish_reason="error", error=str(exc)))
+        def submit() -> None:
+            try:
+                self.engine.submit(request, done)
+            except Exception as exc:  # e.g. the engine refused the prompt
+                done(Event("", finish_reason="error", error=str(exc)))
+
+        if self.transfer is not None:  # what disk or peers have is not prefilled
+            self.transfer.restorer.restore_then(entry.rendered, warm_set.spec.peers, submit)
+        else:
+            submit()
 
     def _finished(
         self, warm_set: _Set, entry: _Prompt, event: Event, started: float, label: str
@@ -442,6 +453,7 @@ class WarmManager:
                 entry.duration_s = time.perf_counter() - started
                 entry.warmed_at = time.time()
                 self._note(entry, label, ok=True)
+                self._sync_snapshots()
             else:
                 entry.state = PromptState.FAILED
                 entry.error = event.error or f"warm-up ended with {event.finish_reason}"
@@ -533,6 +545,16 @@ class WarmManager:
             raise WarmSetError(
                 503, f"the warm-set state cannot be saved ({exc}); nothing changed"
             ) from exc
+
+    def _sync_snapshots(self) -> None:
+        """Keep every pinned set's blocks on disk; store the warm ones (in the background)."""
+        if self.transfer is None:
+            return
+        pinned = [e for s in self._sets.values() if s.spec.pin for e in s.prompts.values()]
+        self.transfer.sync_snapshots(
+            (k for e in pinned for k in e.keys),
+            (e.keys for e in pinned if e.state is PromptState.WARM and e.pinned),
+        )
 
 
 def _content(result: _Rendered | str) -> str:

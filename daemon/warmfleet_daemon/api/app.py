@@ -12,6 +12,7 @@ from warmfleet_daemon.api import (
     openapi,
     routes_cache_events,
     routes_diagnostics,
+    routes_kv,
     routes_openai,
     routes_status,
     routes_warm,
@@ -52,4 +53,5 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     app.include_router(routes_warm.router)
     app.include_router(routes_diagnostics.router)
     app.include_router(routes_cache_events.router)
+    app.include_router(routes_kv.router)
     return app

@@ -58,7 +58,10 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[st
     model = ready.model
     cache = ready.engine.cache.stats
     sets = ready.warm.list()
-    detail = {"warm_sets": [s.model_dump() for s in sets]} if admin else {}
+    detail: dict[str, Any] = {}
+    if admin:  # set names and hashes, peer URLs and the model fingerprint: admin only
+        detail["warm_sets"] = [s.model_dump() for s in sets]
+        detail["kv_transfer"] = ready.transfer.status() if ready.transfer else None
     return {
         "version": __version__,
         "instance_id": state.instance_id,

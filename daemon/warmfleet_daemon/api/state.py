@@ -17,6 +17,7 @@ from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
 from warmfleet_daemon.cache_events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.engine.kv import BlockPayload
+from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.prompts import PromptBuilder
 from warmfleet_daemon.settings import DaemonSettings, MiB
@@ -36,6 +37,7 @@ class Ready:
     telemetry: Telemetry
     diagnostics: CacheDiagnostics
     events: CacheEventLog[BlockPayload]  # the router's feed: GET /v1/cache/events
+    transfer: KVTransfer | None = None
 
     @property
     def model(self) -> LoadedModel:
@@ -71,6 +73,7 @@ class DaemonState:
             block_size=self.settings.resolved_block_size(loaded.on_gpu),
             cache_budget_bytes=self.settings.cache_budget_bytes(),
             max_num_seqs=self.settings.max_num_seqs,
+            prefill_aging_picks=self.settings.prefill_aging_picks,
         )
 
     def attach(self, engine: Engine) -> None:
@@ -79,6 +82,13 @@ class DaemonState:
         # Listening before anything is stored, so the log misses no block.
         events = CacheEventLog[BlockPayload](lambda payload: payload.logits is not None)
         engine.cache.listeners.append(events.record)
+        transfer = KVTransfer(  # probes the model: before the engine thread starts
+            engine,
+            state_dir=settings.state_dir,
+            snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
+            warm_from=settings.warm_from,
+            peer_token=settings.admin_token,
+        )
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
@@ -99,6 +109,7 @@ class DaemonState:
                 if settings.state_dir
                 else None
             ),
+            transfer=transfer,
         )
         telemetry = Telemetry(
             TelemetryConfig(
@@ -118,7 +129,7 @@ class DaemonState:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
         # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
         self.ready = Ready(
-            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events=events
+            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer
         )
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
@@ -138,5 +149,7 @@ class DaemonState:
         if self.ready is not None:
             self.ready.warm.stop()
             self.ready.diagnostics.stop()
+            if self.ready.transfer is not None:
+                self.ready.transfer.stop()
             self.ready.engine.stop()
             self.ready.telemetry.shutdown()

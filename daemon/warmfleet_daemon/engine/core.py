@@ -3,7 +3,8 @@
 Each iteration decodes one token for every running sequence (one batched forward),
 then prefills one chunk of one waiting prompt. A long prompt therefore never stalls
 the others for more than a chunk, and the next chunk goes to the prompt with the
-fewest tokens left (short prompts get their first token quickly).
+fewest tokens left, aged by its wait (`prefill_order`): short prompts get their first
+token quickly and long ones within a bounded wait.
 
 Why not mlx-lm's BatchGenerator: it prefills several prompts in one padded batch and
 chunks from wherever the cache hit ended, so whether a prefix was cached would change
@@ -30,7 +31,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from warmfleet_daemon.chunking import Chunk, plan_chunks, root_key
-from warmfleet_daemon.engine import attention, kv
+from warmfleet_daemon.engine import attention, kv, prefill_order
 from warmfleet_daemon.engine.grammar import GrammarCompiler, GrammarError
 from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
@@ -41,7 +42,6 @@ from warmfleet_daemon.prompts import RenderedPrompt
 
 log = logging.getLogger(__name__)
 
-_STARVATION_LIMIT = 16  # a prompt passed over this many times is prefilled next
 _CLEAR_EVERY = 256  # decode steps between releases of MLX's buffer cache
 
 
@@ -54,6 +54,7 @@ class EngineConfig:
     block_size: int
     cache_budget_bytes: int
     max_num_seqs: int = 16
+    prefill_aging_picks: int = prefill_order.AGING_PICKS  # 0: shortest-first, no aging
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class _Sequence:
     next_input: int = -1  # the last sampled token, fed by the next decode step
     started_at: float | None = None
     first_token_at: float | None = None
-    skipped: int = 0
+    skipped: int = 0  # prefill picks that went to others since it was admitted (its age)
     final_logits: mx.array | None = None  # (1, vocab) at the prompt's last token
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     processing_error: str | None = None
@@ -257,6 +258,11 @@ class Engine:
         return plan_chunks(
             prompt.tokens, block_size=self.config.block_size, cuts=prompt.cuts, root=self._root
         )
+
+    @property
+    def root(self) -> bytes:
+        """The parent key of every prompt's first block (peers compute each other's keys)."""
+        return self._root
 
     def block_bytes(self, tokens: int) -> int:
         """What a prompt of `tokens` tokens occupies in the prefix cache (an estimate:
@@ -397,20 +403,23 @@ class Engine:
         for seq in sorted(self._prefilling, key=lambda s: s.arrival):
             if seq.caches is not None and seq.next_chunk < len(seq.chunks):
                 owner.setdefault(seq.chunks[seq.next_chunk].key, seq)
-        oldest = min(self._prefilling, key=lambda s: s.arrival)
-        if oldest.skipped >= _STARVATION_LIMIT:
-            choice = oldest
-        else:
-            eligible = [
-                s
-                for s in self._prefilling
-                if s.caches is None
-                or s.next_chunk >= len(s.chunks)
-                or owner[s.chunks[s.next_chunk].key] is s
-            ]
-            choice = min(eligible, key=lambda s: (s.remaining_prefill, s.arrival))
+        eligible = [
+            s
+            for s in self._prefilling
+            if s.caches is None
+            or s.next_chunk >= len(s.chunks)
+            or owner[s.chunks[s.next_chunk].key] is s
+        ]
+        candidates = [
+            prefill_order.Candidate(s.remaining_prefill, s.skipped, s.arrival) for s in eligible
+        ]
+        config = self.config
+        choice = eligible[
+            prefill_order.pick(candidates, config.block_size, config.prefill_aging_picks)
+        ]
         for seq in self._prefilling:
-            seq.skipped = 0 if seq is choice else seq.skipped + 1
+            if seq is not choice:
+                seq.skipped += 1
         return choice
 
     def _prefill_step(self, seq: _Sequence) -> None:

@@ -1,0 +1,239 @@
+"""One prefix-cache block as safetensors (through mlx): the same bytes on disk and on
+the wire, with the fingerprint, the block's key and span, and a checksum in the header.
+
+Decoding verifies everything before a block can reach the cache: the format, the
+fingerprint, the key and span it is expected to be, the checksum over the metadata and
+every tensor byte, and each layer's shapes and dtypes against this model's own layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx_lm.models.cache as cache_module
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from warmfleet_daemon.chunking import Chunk
+from warmfleet_daemon.engine import kv
+
+FORMAT = "warmfleet-kv-block/1"
+
+
+class BlockError(ValueError):
+    """A stored or received block that must not be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    cache_type: str
+    kv_shape: tuple[int, int, int] | None  # (batch, kv heads, head dim) of a KVCache layer
+    dtype: str | None
+    itemsize: int = 0
+
+
+def probe_layout(model: Any) -> tuple[LayerLayout, ...]:
+    """Each layer's cache type and KV shape, from a 2-token forward. Call it before the
+    engine thread starts (mlx work on one thread at a time)."""
+    caches = make_prompt_cache(model)
+    model(mx.zeros((1, 2), dtype=mx.int32), cache=caches)
+    payload = kv.extract_block(caches, 0, 2)
+    out: list[LayerLayout] = []
+    for cache, layer in zip(caches, payload.layers):
+        if isinstance(layer, kv.KVSlice):
+            b, h, _, d = layer.keys.shape
+            out.append(
+                LayerLayout(
+                    type(cache).__name__, (b, h, d), str(layer.keys.dtype), layer.keys.itemsize
+                )
+            )
+        else:
+            out.append(LayerLayout(type(cache).__name__, None, None))
+    return tuple(out)
+
+
+class BlockCodec:
+    def __init__(self, fingerprint: str, layout: tuple[LayerLayout, ...]) -> None:
+        self.fingerprint = fingerprint
+        self.layout = layout
+
+    def kv_bytes_per_token(self) -> int:
+        return sum(
+            2 * layer.kv_shape[0] * layer.kv_shape[1] * layer.kv_shape[2] * layer.itemsize
+            for layer in self.layout
+            if layer.kv_shape is not None
+        )
+
+    def max_block_bytes(self, tokens: int) -> int:
+        """An upper bound on one encoded block: its KV plus room for the logits, state
+        snapshots and the header."""
+        return self.kv_bytes_per_token() * tokens + (64 << 20)
+
+    # -- encoding -------------------------------------------------------------------
+
+    def encode(
+        self, payload: kv.BlockPayload, chunk: Chunk
+    ) -> tuple[dict[str, mx.array], dict[str, str]]:
+        arrays: dict[str, mx.array] = {}
+        meta = {
+            "format": FORMAT,
+            "fingerprint": self.fingerprint,
+            "key": chunk.key.hex(),
+            "start": str(chunk.start),
+            "end": str(chunk.end),
+            "layers": str(len(payload.layers)),
+        }
+        for i, layer in enumerate(payload.layers):
+            if isinstance(layer, kv.KVSlice):
+                arrays[f"l{i}.keys"] = layer.keys
+                arrays[f"l{i}.values"] = layer.values
+                meta[f"l{i}.type"] = KVCache.__name__
+            else:
+                meta[f"l{i}.type"] = layer.cache_type.__name__
+                meta[f"l{i}.state"] = json.dumps(_tree_out(layer.state, f"l{i}.s", arrays))
+                meta[f"l{i}.meta"] = json.dumps(_tree_out(layer.meta_state, f"l{i}.m", arrays))
+        if payload.logits is not None:
+            arrays["logits"] = payload.logits
+        meta["checksum"] = _checksum(arrays, meta)
+        return arrays, meta
+
+    def to_bytes(self, payload: kv.BlockPayload, chunk: Chunk) -> bytes:
+        arrays, meta = self.encode(payload, chunk)
+        with _scratch_file() as path:
+            mx.save_safetensors(path, arrays, meta)
+            return Path(path).read_bytes()
+
+    # -- decoding -------------------------------------------------------------------
+
+    def from_bytes(self, data: bytes, chunk: Chunk) -> kv.BlockPayload:
+        with _scratch_file() as path:
+            Path(path).write_bytes(data)
+            return self.decode(*_load(path), chunk)
+
+    def from_file(self, path: str, chunk: Chunk) -> kv.BlockPayload:
+        return self.decode(*_load(path), chunk)
+
+    def decode(
+        self, arrays: dict[str, mx.array], meta: dict[str, Any], chunk: Chunk
+    ) -> kv.BlockPayload:
+        """The verified payload of `chunk`, or BlockError."""
+        if meta.get("format") != FORMAT:
+            raise BlockError(f"unknown block format {meta.get('format')!r}")
+        if meta.get("fingerprint") != self.fingerprint:
+            raise BlockError(
+                f"fingerprint {meta.get('fingerprint')} is not this model's {self.fingerprint} "
+                "(other weights, tokenizer, template, block size or mlx version)"
+            )
+        try:
+            mx.eval(list(arrays.values()))  # a truncated file fails here, not later
+        except (RuntimeError, ValueError) as exc:
+            raise BlockError(f"unreadable block ({exc})") from exc
+        if meta.get("checksum") != _checksum(arrays, meta):
+            raise BlockError("checksum mismatch (corrupt block)")
+        span = (meta.get("key"), meta.get("start"), meta.get("end"))
+        if span != (chunk.key.hex(), str(chunk.start), str(chunk.end)):
+            raise BlockError(
+                f"block is {span}, expected {chunk.key.hex()} [{chunk.start}:{chunk.end})"
+            )
+        if meta.get("layers") != str(len(self.layout)):
+            raise BlockError(f"{meta.get('layers')} layers; the model has {len(self.layout)}")
+        layers: list[kv.LayerState] = []
+        for i, expected in enumerate(self.layout):
+            if meta.get(f"l{i}.type") != expected.cache_type:
+                got = meta.get(f"l{i}.type")
+                raise BlockError(f"layer {i} is {got}, not {expected.cache_type}")
+            if expected.kv_shape is not None:
+                keys, values = arrays.get(f"l{i}.keys"), arrays.get(f"l{i}.values")
+                b, h, d = expected.kv_shape
+                want = (b, h, chunk.size, d)
+                for a in (keys, values):
+                    if a is None or tuple(a.shape) != want or str(a.dtype) != expected.dtype:
+                        raise BlockError(f"layer {i}: KV is not {want} {expected.dtype}")
+                assert keys is not None and values is not None
+                layers.append(kv.KVSlice(keys, values))
+            else:
+                cache_type = getattr(cache_module, expected.cache_type, None)
+                if not isinstance(cache_type, type):
+                    raise BlockError(f"layer {i}: unknown cache type {expected.cache_type}")
+                try:
+                    state = _tree_in(json.loads(meta[f"l{i}.state"]), arrays)
+                    meta_state = _tree_in(json.loads(meta[f"l{i}.meta"]), arrays)
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise BlockError(f"layer {i}: unreadable state ({exc})") from exc
+                layers.append(kv.Snapshot(cache_type, state, meta_state))
+        logits = arrays.get("logits")
+        if logits is not None and (logits.ndim != 2 or logits.shape[0] != 1):
+            raise BlockError(f"logits of shape {tuple(logits.shape)}, not (1, vocab)")
+        everything = list(arrays.values())
+        return kv.BlockPayload(tuple(layers), sum(a.nbytes for a in everything), logits)
+
+
+@contextmanager
+def _scratch_file() -> Iterator[str]:
+    # mlx reads and writes Python file objects through callbacks that deadlock with an
+    # engine thread evaluating at the same time (seen here); paths do not.
+    fd, path = tempfile.mkstemp(prefix="warmfleet-block-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _load(source: str) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    try:
+        arrays, meta = mx.load(source, format="safetensors", return_metadata=True)
+    except (RuntimeError, ValueError, OSError) as exc:  # truncated or not safetensors
+        raise BlockError(f"unreadable block ({exc})") from exc
+    if not isinstance(arrays, dict) or not isinstance(meta, dict):
+        raise BlockError("not a block file")
+    return arrays, meta
+
+
+def _checksum(arrays: dict[str, mx.array], meta: dict[str, Any]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(meta):
+        if name != "checksum":
+            h.update(f"{name}={meta[name]}\n".encode())
+    for name in sorted(arrays):
+        a = arrays[name]
+        h.update(f"{name}|{a.dtype}|{tuple(a.shape)}\n".encode())
+        view = memoryview(a)  # type: ignore[arg-type]
+        if not view.c_contiguous:  # not seen (blocks are contiguous copies), but be exact
+            dense = mx.contiguous(a)
+            mx.eval(dense)
+            view = memoryview(dense)  # type: ignore[arg-type]
+        h.update(view.cast("B"))
+    return h.hexdigest()
+
+
+def _tree_out(tree: Any, prefix: str, arrays: dict[str, mx.array]) -> Any:
+    """A JSON shape of a cache state with its arrays moved into `arrays`."""
+    if isinstance(tree, mx.array):
+        name = f"{prefix}.{len([k for k in arrays if k.startswith(prefix + '.')])}"
+        arrays[name] = tree
+        return {"a": name}
+    if isinstance(tree, (list, tuple)):
+        kind = "t" if isinstance(tree, tuple) else "l"
+        return {kind: [_tree_out(t, prefix, arrays) for t in tree]}
+    if tree is None or isinstance(tree, (int, float, str, bool)):
+        return {"v": tree}
+    raise TypeError(f"cannot store a {type(tree).__name__} in a cache state")
+
+
+def _tree_in(shape: Any, arrays: dict[str, mx.array]) -> Any:
+    if "a" in shape:
+        return arrays[shape["a"]]
+    if "l" in shape:
+        return [_tree_in(s, arrays) for s in shape["l"]]
+    if "t" in shape:
+        return tuple(_tree_in(s, arrays) for s in shape["t"])
+    return shape["v"]

@@ -1,0 +1,71 @@
+"""What the daemon holds for warm-without-prefill: the fingerprint and codec, the
+snapshot store (with `--state-dir`), the peer client and the restorer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from warmfleet_daemon.chunking import BlockKey
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
+from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
+from warmfleet_daemon.kvtransfer.peers import PeerClient
+from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
+from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+class KVTransfer:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        state_dir: str | Path | None = None,
+        snapshot_budget_bytes: int = 0,
+        warm_from: Sequence[str] = (),
+        peer_token: str | None = None,
+    ) -> None:
+        """Call before the engine thread starts (it probes the model)."""
+        self.engine = engine
+        self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size)
+        self.codec = BlockCodec(self.fingerprint, probe_layout(engine.model))
+        self.snapshots = (
+            SnapshotStore(state_dir, self.codec, snapshot_budget_bytes)
+            if state_dir is not None and snapshot_budget_bytes > 0
+            else None
+        )
+        self.peers = PeerClient(self.codec, token=peer_token)
+        self.restorer = BlockRestorer(
+            engine, snapshots=self.snapshots, peers=self.peers, default_peers=warm_from
+        )
+        log.info(
+            "KV fingerprint %s; snapshots %s; warm from %s",
+            self.fingerprint,
+            f"in {self.snapshots.directory}" if self.snapshots else "off",
+            ", ".join(warm_from) or "pushed peers only",
+        )
+
+    def sync_snapshots(self, wanted: Iterable[BlockKey], warm: Iterable[list[BlockKey]]) -> None:
+        if self.snapshots is not None:
+            self.snapshots.sync(set(wanted), list(warm), self.engine.cache.peek)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "root": self.engine.root.hex(),
+            "block_size": self.engine.config.block_size,
+            "kv_bytes_per_token": self.codec.kv_bytes_per_token(),
+            "restored_blocks": self.restorer.restored_blocks,
+            "restored_tokens": self.restorer.restored_tokens,
+            "default_peers": self.restorer.default_peers,
+            "snapshots": vars(self.snapshots.stats()) if self.snapshots else None,
+        }
+
+    def stop(self) -> None:
+        self.restorer.stop()
+        if self.snapshots is not None:
+            self.snapshots.stop()
