@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
@@ -34,7 +35,18 @@ app = create_app(
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
-@schema.parametrize()
+@pytest.fixture(scope="module", autouse=True)
+def _shut_down() -> Any:
+    """schemathesis never runs the lifespan's end: shut the daemon down here, so no
+    engine or transfer thread is inside mlx when the interpreter exits (that aborts it)."""
+    yield
+    app.state.daemon.shutdown()
+
+
+# The router's cache-event feed is an endless NDJSON stream (heartbeats until the
+# subscriber leaves): schemathesis can only wait for it to end. Its answers are checked
+# in tests/integration/test_cache_events.py and test_the_event_feed_answers_as_documented.
+@schema.exclude(path="/v1/cache/events").parametrize()
 @settings(
     max_examples=25,
     deadline=None,

@@ -161,7 +161,7 @@ def last_position_logits(model: Any, inputs: mx.array, cache: list[Any]) -> mx.a
     return model(inputs, cache=cache)[:, -1, :]  # type: ignore[no-any-return]
 
 
-def _wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
+def wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
     """Wait for the OS thread itself to end, not just its Python part: MLX's
     thread-local compile cache takes the GIL in its destructor, and if that runs while
     the interpreter is finalizing, the process aborts ("terminate called ...")."""
@@ -218,7 +218,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-            _wait_until_gone(self._thread)
+            wait_until_gone(self._thread)
             self._thread = None
 
     # -- requests -----------------------------------------------------------------

@@ -4,13 +4,14 @@ snapshot store (with `--state-dir`), the peer client and the restorer."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from warmfleet_daemon.chunking import BlockKey
-from warmfleet_daemon.engine.core import Engine
-from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
+from warmfleet_daemon.engine.core import Engine, wait_until_gone
+from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
 from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
@@ -32,7 +33,7 @@ class KVTransfer:
         """Call before the engine thread starts (it probes the model)."""
         self.engine = engine
         self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size)
-        self.codec = BlockCodec(self.fingerprint, probe_layout(engine.model))
+        self.codec = BlockCodec(self.fingerprint, _probe_on_a_thread_of_its_own(engine))
         self.snapshots = (
             SnapshotStore(state_dir, self.codec, snapshot_budget_bytes)
             if state_dir is not None and snapshot_budget_bytes > 0
@@ -69,3 +70,25 @@ class KVTransfer:
         self.restorer.stop()
         if self.snapshots is not None:
             self.snapshots.stop()
+
+
+def _probe_on_a_thread_of_its_own(engine: Engine) -> tuple[LayerLayout, ...]:
+    """The probe runs the model, which leaves MLX's thread-local compile cache on the
+    calling thread; on a long-lived one (an event loop's) its destructor would run while
+    the interpreter finalizes and abort the process. A thread that is gone leaves none."""
+    found: list[tuple[LayerLayout, ...]] = []
+    errors: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            found.append(probe_layout(engine.model))
+        except BaseException as exc:  # re-raised on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=probe, name="warmfleet-kv-probe")
+    thread.start()
+    thread.join()
+    wait_until_gone(thread)
+    if errors:
+        raise errors[0]
+    return found[0]
