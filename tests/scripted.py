@@ -43,6 +43,9 @@ class ScriptedModel:
     def make_cache(self) -> list[KVCache]:
         return [KVCache()]
 
+    def parameters(self) -> dict[str, Any]:
+        return {}  # no weights: what it says is its script (mlx-lm models are nn.Modules)
+
     def next_token(self, history: list[int]) -> int:
         m = len(self.marker)
         starts = [
