@@ -209,8 +209,12 @@ def test_a_node_joining_a_warm_pool_copies_the_blocks_from_its_peer(tmp_path: Pa
     try:
         wait_status(status_file, lambda s: ready(s, "default/greenhouse"))
         write(folder, "nodes.yaml", secret, node("mini-1", warm), node("mini-2", joining))
-        status = wait_status(status_file, lambda s: ready(s, "default/greenhouse"), timeout=120)
-        assert status["warmPromptSets"]["default/greenhouse"]["warmNodes"] == "2/2"
+
+        def both_warm(s: dict[str, Any]) -> bool:
+            entry = s["warmPromptSets"].get("default/greenhouse") or {}
+            return ready(s, "default/greenhouse") and entry.get("warmNodes") == "2/2"
+
+        wait_status(status_file, both_warm, timeout=120)
         held = httpx.get(f"{joining.url}/v1/warm-sets/default/greenhouse", headers=auth).json()
         assert held["warm"] == 1 and held["prompts"][0]["computed_tokens"] == 0
         transfer = httpx.get(f"{joining.url}/v1/status", headers=auth).json()["kv_transfer"]
