@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from warmfleet_daemon.contract import PromptState, WarmSetSpec, WarmSetStatus
+from warmfleet_daemon.contract import PEER_URL, PromptState, WarmSetSpec, WarmSetStatus
 from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
 
 ConfigMaps = Mapping[tuple[str, str], Mapping[str, str]]  # (namespace, name) -> data
@@ -21,6 +22,7 @@ ConfigMaps = Mapping[tuple[str, str], Mapping[str, str]]  # (namespace, name) ->
 MAX_SET_CHARS = 524_288
 MAX_STATUS_NODES = 256  # the CRD's status.nodes maxItems
 MAX_ERROR_CHARS = 1024  # the CRD's status.nodes[].error maxLength
+MAX_PEERS = 8  # WarmSetSpec.peers' max_length
 
 
 # -- selection ----------------------------------------------------------------------
@@ -161,17 +163,51 @@ def plan(
 ) -> tuple[list[Push], list[Remove]]:
     """Push to selected nodes that lack the set or hold an older version of it;
     remove it from nodes that hold it but are no longer selected. A node holding a
-    newer generation of the same object is left alone: this pass saw a stale body."""
+    newer generation of the same object is left alone: this pass saw a stale body.
+    Each push names as `peers` the other selected nodes already warm for this content,
+    so the node copies their KV blocks instead of prefilling."""
     pushes = []
     for node in selected:
         seen = observations.get(node.name)
         if seen is None or not seen.reachable:
             continue  # retried at the next resync
         if _outdated(seen.status, desired):
-            pushes.append(Push(node, desired))
+            peers = warm_peers(node, desired, selected, observations)
+            pushes.append(Push(node, desired.model_copy(update={"peers": peers})))
     chosen = {n.name for n in selected}
     removes = [Remove(n) for n in holders if n.name not in chosen]
     return pushes, removes
+
+
+def warm_peers(
+    node: Node,
+    desired: WarmSetSpec,
+    selected: Sequence[Node],
+    observations: Mapping[str, Observation],
+) -> list[str]:
+    """URLs of the other selected nodes whose status shows every prompt of this content
+    warm (same source hash), at most MAX_PEERS, by node name. Not part of `_outdated` nor
+    of the source hash: a peer turning warm or cold never causes a push by itself."""
+    urls: list[str] = []
+    for peer in selected:
+        if peer.name == node.name or peer.url == node.url or peer.url in urls:
+            continue
+        if node.model and peer.model and node.model != peer.model:
+            continue  # another model's KV is useless (the daemon would refuse it anyway)
+        seen = observations.get(peer.name)
+        status = seen.status if seen is not None and seen.reachable else None
+        if (
+            status is not None
+            and status.source_hash is not None
+            and status.source_hash == desired.source_hash
+            and status.total > 0
+            and status.warm == status.total
+            # A URL the contract refuses would get the whole push refused.
+            and len(peer.url) <= 2048
+            and re.fullmatch(PEER_URL, peer.url) is not None
+        ):
+            urls.append(peer.url)
+    return urls[:MAX_PEERS]
 
 
 def _outdated(have: WarmSetStatus | None, desired: WarmSetSpec) -> bool:

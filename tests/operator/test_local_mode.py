@@ -154,3 +154,78 @@ def test_the_operators_liveness_endpoint_is_loopback_unless_asked() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args([]).liveness.startswith("http://127.0.0.1:")
+
+
+def test_a_node_joining_a_warm_pool_copies_the_blocks_from_its_peer(tmp_path: Path) -> None:
+    """The operator names the warm node as the joining node's peer: the newcomer copies
+    its KV blocks (one admin token for both, as the chart has it) and prefills nothing."""
+    (tmp_path / "token").write_text(TOKEN)
+    args = ("--model", "tiny-random", "--block-size", "32", "--log-level", "info")
+    args += ("--admin-token-file", str(tmp_path / "token"))
+    warm, joining = start_daemon(*args), start_daemon(*args)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "daemon-token"},
+        "stringData": {"token": TOKEN},
+    }
+
+    def node(name: str, daemon: Daemon) -> dict[str, Any]:
+        return {
+            "apiVersion": "warmfleet.io/v1alpha1",
+            "kind": "WarmNode",
+            "metadata": {"name": name, "labels": {"pool": "home"}},
+            "spec": {
+                "url": daemon.url,
+                "adminTokenSecretRef": {"name": "daemon-token", "key": "token"},
+            },
+        }
+
+    system = {"role": "system", "content": "You keep the greenhouse log. " * 12}
+    wps = {
+        "apiVersion": "warmfleet.io/v1alpha1",
+        "kind": "WarmPromptSet",
+        "metadata": {"name": "greenhouse"},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": "home"}},
+            "prompts": [{"name": "log", "messages": [system]}],
+        },
+    }
+    write(folder, "set.yaml", wps)
+    write(folder, "nodes.yaml", secret, node("mini-1", warm))
+    status_file = tmp_path / "status.json"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "warmfleet_daemon.cli", "operator", "--local", str(folder)),
+            *("--status-file", str(status_file), "--resync-seconds", "1"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_status(status_file, lambda s: ready(s, "default/greenhouse"))
+        write(folder, "nodes.yaml", secret, node("mini-1", warm), node("mini-2", joining))
+
+        def both_warm(s: dict[str, Any]) -> bool:
+            entry = s["warmPromptSets"].get("default/greenhouse") or {}
+            return ready(s, "default/greenhouse") and entry.get("warmNodes") == "2/2"
+
+        wait_status(status_file, both_warm, timeout=120)
+        held = httpx.get(f"{joining.url}/v1/warm-sets/default/greenhouse", headers=auth).json()
+        assert held["warm"] == 1 and held["prompts"][0]["computed_tokens"] == 0
+        transfer = httpx.get(f"{joining.url}/v1/status", headers=auth).json()["kv_transfer"]
+        assert transfer["restored_blocks"] > 0
+        assert transfer["restored_tokens"] == held["prompts"][0]["tokens"]
+        assert "0 block(s) from disk" in joining.log()
+        first = httpx.get(f"{warm.url}/v1/status", headers=auth).json()["kv_transfer"]
+        assert first["restored_blocks"] == 0  # it had no peer: it prefilled
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        warm.stop()
+        joining.stop()
+    assert proc.returncode == 0, out

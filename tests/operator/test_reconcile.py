@@ -172,6 +172,96 @@ def test_plan_orders_generations_within_one_object_only() -> None:
     assert len(plan(edited_configmap, [a], same_generation, holders=[])[0]) == 1
 
 
+WARM = PromptState.WARM
+
+
+def pool(count: int) -> list[Node]:
+    return [Node(f"n{i}", f"http://n{i}:8000", {"pool": "agents"}) for i in range(count)]
+
+
+def test_a_node_joining_a_warm_pool_is_told_the_warm_nodes_as_peers() -> None:
+    desired = resolve(SPEC, "ns", 1, {}, uid="u1")
+    n0, n1, n2 = pool(3)
+    observations = {
+        "n0": Observation("n0", True, warm_status(desired, [PromptState.WARM])),
+        "n1": Observation("n1", True, warm_status(desired, [PromptState.WARM])),
+        "n2": Observation("n2", True, None),  # joined, or restarted without its state
+    }
+    pushes, _ = plan(desired, [n0, n1, n2], observations, holders=[n0, n1])
+    assert [(p.node.name, p.spec.peers) for p in pushes] == [
+        ("n2", ["http://n0:8000", "http://n1:8000"])
+    ]
+    # Only the copy source changes: the content and its hash are the set's.
+    assert pushes[0].spec.model_copy(update={"peers": []}) == desired
+
+
+def test_peers_still_warming_failed_or_on_other_content_are_not_named() -> None:
+    desired = resolve(SPEC, "ns", 2, {}, uid="u1")
+    older = resolve({**SPEC, "concurrency": 5}, "ns", 1, {}, uid="u1")
+    nodes_ = pool(6)
+    observations = {
+        "n0": Observation("n0", True, warm_status(desired, [WARM, PromptState.WARMING])),
+        "n1": Observation("n1", True, warm_status(desired, [WARM, PromptState.FAILED])),
+        "n2": Observation("n2", True, warm_status(older, [PromptState.WARM])),  # old content
+        "n3": Observation("n3", False, None, "connection refused"),
+        "n4": Observation("n4", True, warm_status(desired, [])),  # nothing to copy
+        "n5": Observation("n5", True, None),
+    }
+    pushes, _ = plan(desired, nodes_, observations, holders=[])
+    assert [(p.node.name, p.spec.peers) for p in pushes] == [("n2", []), ("n5", [])]
+
+
+def test_a_node_is_never_its_own_peer() -> None:
+    desired = resolve(SPEC, "ns", 1, {}, uid="u1")
+    n0, n1 = pool(2)
+    alias = Node("n0-alias", n0.url)  # a second WarmNode for the same daemon
+    observations = {
+        "n0": Observation("n0", True, None),
+        "n0-alias": Observation("n0-alias", True, warm_status(desired, [PromptState.WARM])),
+        "n1": Observation("n1", True, warm_status(desired, [PromptState.WARM])),
+    }
+    pushes, _ = plan(desired, [n0, alias, n1], observations, holders=[])
+    assert [(p.node.name, p.spec.peers) for p in pushes] == [("n0", ["http://n1:8000"])]
+
+
+def test_at_most_eight_peers_and_only_of_the_same_model() -> None:
+    desired = resolve(SPEC, "ns", 1, {}, uid="u1")
+    warm = [Node(f"w{i:02}", f"https://w{i:02}.lan", model="m1") for i in range(10)]
+    other = Node("x", "http://x", model="m2")
+    new = Node("new", "http://new", model="m1")
+    observations = {
+        n.name: Observation(n.name, True, warm_status(desired, [PromptState.WARM]))
+        for n in [*warm, other]
+    }
+    observations["new"] = Observation("new", True, None)
+    pushes, _ = plan(desired, [new, other, *warm], observations, holders=[])
+    assert [(p.node.name, p.spec.peers) for p in pushes] == [
+        ("new", [f"https://w{i:02}.lan" for i in range(8)])
+    ]
+    WarmSetSpec.model_validate(pushes[0].spec.model_dump())  # the daemon accepts it
+
+
+def test_a_peer_changing_state_causes_no_push() -> None:
+    desired = resolve(SPEC, "ns", 1, {}, uid="u1")
+    n0, n1 = pool(2)
+    # n1 was pushed while n0 was still warming, so it got no peers and prefilled.
+    warming = {
+        "n0": Observation("n0", True, warm_status(desired, [PromptState.WARMING])),
+        "n1": Observation("n1", True, None),
+    }
+    pushes, _ = plan(desired, [n0, n1], warming, holders=[n0])
+    assert [(p.node.name, p.spec.peers) for p in pushes] == [("n1", [])]
+    held = {p.node.name: warm_status(p.spec, [PromptState.WARMING]) for p in pushes}
+    for n0_state in (PromptState.WARM, PromptState.FAILED, PromptState.WARMING):
+        later = {
+            "n0": Observation("n0", True, warm_status(desired, [n0_state])),
+            "n1": Observation("n1", True, held["n1"]),
+        }
+        assert plan(desired, [n0, n1], later, holders=[n0, n1]) == ([], [])
+    gone = {"n0": Observation("n0", False, None, "timed out"), "n1": later["n1"]}
+    assert plan(desired, [n0, n1], gone, holders=[n0, n1]) == ([], [])
+
+
 def test_status_conditions() -> None:
     desired = resolve(SPEC, "ns", 3, {})
     a, b, _ = nodes()
