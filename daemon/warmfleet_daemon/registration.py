@@ -9,6 +9,7 @@ import base64
 import logging
 import os
 import re
+import shutil
 import socket
 import ssl
 import tempfile
@@ -261,7 +262,11 @@ def _ssl_context(info: Any) -> ssl.SSLContext:
             with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
                 f.write(base64.b64decode(data))
     if cert and key:
-        context.load_cert_chain(cert, key)
+        try:
+            context.load_cert_chain(cert, key)
+        finally:
+            if info.certificate_data and info.private_key_data:  # read: remove the key file
+                shutil.rmtree(os.path.dirname(cert), ignore_errors=True)
     return context
 
 

@@ -548,8 +548,8 @@ class WarmManager:
 
     def _sync_snapshots(self) -> None:
         """Keep every pinned set's blocks on disk; store the warm ones (in the background)."""
-        if self.transfer is None:
-            return
+        if self.transfer is None or self.transfer.snapshots is None:
+            return  # snapshots off: nothing to list under the lock
         pinned = [e for s in self._sets.values() if s.spec.pin for e in s.prompts.values()]
         self.transfer.sync_snapshots(
             (k for e in pinned for k in e.keys),

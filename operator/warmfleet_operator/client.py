@@ -9,6 +9,7 @@ import base64
 import logging
 import os
 import random
+import shutil
 import ssl
 import tempfile
 import time
@@ -165,9 +166,7 @@ class KubeClient:
                 cafile=info.ca_path,
                 cadata=base64.b64decode(info.ca_data).decode() if info.ca_data else None,
             )
-        cert = _client_cert(info)
-        if cert is not None:
-            context.load_cert_chain(*cert)
+        _load_client_cert(context, info)
         headers = {}
         if info.token:
             headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
@@ -186,11 +185,14 @@ class KubeClient:
         try:
             data = await self._secret(namespace, ref.name)
         except httpx.HTTPStatusError as exc:
+            code = exc.response.status_code
+            # The API server failing for a moment is not a refused token: retried, not dropped.
+            transient = code >= 500 or code == 429
             raise DaemonError(
-                f"{where}: cannot read it ({exc.response.status_code})", status=401
+                f"{where}: cannot read it ({code})", status=None if transient else 401
             ) from exc
         except httpx.TransportError as exc:
-            raise DaemonError(f"{where}: cannot read it ({exc})", status=401) from exc
+            raise DaemonError(f"{where}: cannot read it ({exc})", status=None) from exc
         if data is None:
             raise DaemonError(f"{where} not found", status=401)
         if ref.key not in data:
@@ -262,6 +264,18 @@ def _client_cert(info: Any) -> tuple[str, str] | None:
             with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
                 f.write(base64.b64decode(data))
     return (cert, key) if cert and key else None
+
+
+def _load_client_cert(context: ssl.SSLContext, info: Any) -> None:
+    """Load the client certificate, then remove the key file written for an inline one."""
+    cert = _client_cert(info)
+    if cert is None:
+        return
+    try:
+        context.load_cert_chain(*cert)
+    finally:
+        if info.certificate_data and info.private_key_data:
+            shutil.rmtree(os.path.dirname(cert[0]), ignore_errors=True)
 
 
 def _parse(model: type[WarmSetStatus], r: httpx.Response) -> WarmSetStatus:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmfleet_operator.model import Node, SetKey
-from warmfleet_operator.reconcile import changed
+from warmfleet_operator.reconcile import changed, condition
 from warmfleet_operator.service import Service
 
 log = logging.getLogger(__name__)
@@ -106,14 +106,15 @@ class Prober:
             keys = changed_sets(before, status, self.service.held.changed.get(node.url, set()))
             pending = changed(state.written, status)
             now = time.monotonic()
-            if pending and (keys is None or now - state.written_at >= self.min_write_interval):
-                await self.write_status(node.name, status_patch(state.written, status))
-                state.written, state.written_at, pending = status, now, False
             # The first probe only sets the baseline: at start-up kopf's resume handlers
-            # reconcile every set, and a new WarmNode re-targets them.
+            # reconcile every set, and a new WarmNode re-targets them. Before the status
+            # write, so a failed write cannot swallow the change.
             if state.seen and (keys is None or keys):
                 self.on_change(node, keys)
             state.seen = True
+            if pending and (keys is None or now - state.written_at >= self.min_write_interval):
+                await self.write_status(node.name, status_patch(state.written, status))
+                state.written, state.written_at, pending = status, now, False
             held = self.service.held.sets(node).values()
             busy = not status.get("reachable") or any(s.warm < s.total for s in held)
             busy = busy or pending  # an unwritten status goes out at a fast probe
@@ -144,7 +145,5 @@ def changed_sets(
 
 
 def _authorized(status: Mapping[str, Any]) -> str | None:
-    for c in status.get("conditions") or []:
-        if c.get("type") == "Authorized":
-            return str(c.get("status"))
-    return None
+    found = condition(status, "Authorized")
+    return str(found.get("status")) if found is not None else None

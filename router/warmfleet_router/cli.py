@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.local:
             source = FolderSource(Path(args.local), token=token)
         else:
-            source = ClusterSource(namespace=args.namespace)
+            source = ClusterSource(namespace=args.namespace, token=token)
     except ValueError as exc:
         print(f"warmfleet router: {exc}")
         return 2

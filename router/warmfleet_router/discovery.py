@@ -76,12 +76,15 @@ class FolderSource:
 class ClusterSource:
     """Every WarmNode in the cluster (kubeconfig, or the in-cluster service account)."""
 
-    def __init__(self, interval: float = 5.0, namespace: str = "default") -> None:
+    def __init__(
+        self, interval: float = 5.0, namespace: str = "default", token: str | None = None
+    ) -> None:
         import kopf
 
         from warmfleet_operator.client import KubeClient
 
         self.interval = interval
+        self._token = token  # for nodes that name no Secret
         self._kube = KubeClient(default_namespace=namespace)
         settings = kopf.OperatorSettings()
         info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
@@ -92,13 +95,21 @@ class ClusterSource:
         self._kube.configure_from(info)
 
     async def specs(self) -> list[BackendSpec]:
+        from warmfleet_operator.client import DaemonError
+
         items: list[dict[str, Any]] = await self._kube.list_items(
             f"/apis/{GROUP}/{VERSION}/warmnodes"
         )
         out = []
         for item in items:
             node = Node.from_object(item)
-            token = await self._kube.token(node.token_ref) if node.token_ref else None
+            token = self._token
+            if node.token_ref is not None:
+                try:
+                    token = await self._kube.token(node.token_ref)
+                except DaemonError as exc:  # one unreadable Secret must not stop discovery
+                    log.warning("WarmNode %s: %s; its admin routes are not used", node.name, exc)
+                    token = None
             out.append(BackendSpec(node.name, node.url, token, node.labels))
         return out
 

@@ -50,7 +50,8 @@ class Plan:
     decision: Decision
     blocks: dict[str, RequestBlocks]  # per backend name
     affinity: str | None
-    started: float = field(default_factory=time.monotonic)
+    started: float  # the request's arrival, before it was tokenized
+    predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
 
 
 class Fleet:
@@ -79,7 +80,9 @@ class Fleet:
             if name not in wanted or wanted[name] != self.backends[name].spec:
                 await self._remove(name)
         for name, spec in wanted.items():
-            if name not in self.backends:
+            if name in self.backends:
+                self.backends[name].spec = spec  # labels do not restart its sync
+            else:
                 backend = Backend(spec)
                 sync = BackendSync(
                     backend,
@@ -167,6 +170,7 @@ class Fleet:
         exclude: frozenset[str] = frozenset(),
     ) -> Plan | None:
         """The decision for one request (None: no backend is ready)."""
+        arrived = time.monotonic()
         backends = [b for b in self.usable() if b.name not in exclude]
         if not backends:
             return None
@@ -197,7 +201,8 @@ class Fleet:
             session_backend=self._sessions.get(affinity) if affinity else None,
             turn=self._turn,
         )
-        return Plan(decision, blocks, affinity)
+        predicted = {c.name: c.cached_tokens for c in candidates}
+        return Plan(decision, blocks, affinity, arrived, predicted)
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
@@ -249,9 +254,8 @@ class Fleet:
         does not look at the cache)."""
         if not plan.blocks.get(backend.name, EMPTY).keys:
             return None
-        if backend.name == plan.decision.backend:
-            return plan.decision.predicted
-        return self.index.predict(backend.name, plan.blocks.get(backend.name, EMPTY))
+        # Decision time: by the end, the index holds what this request itself stored.
+        return plan.predicted.get(backend.name)
 
     # -- status -------------------------------------------------------------------
 

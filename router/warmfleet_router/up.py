@@ -29,6 +29,7 @@ import yaml
 from pydantic import ValidationError
 
 from warmfleet_daemon.contract import WarmPrompt
+from warmfleet_router.policy import POLICIES
 
 GROUP = "warmfleet.io/v1alpha1"
 FLEET_LABEL = "warmfleet.io/fleet"
@@ -46,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="the router's; daemons take the next")
-    p.add_argument("--policy", default="prefix", help="the router's policy")
+    p.add_argument("--policy", choices=POLICIES, default="prefix", help="the router's policy")
     p.add_argument("--dir", help="write the fleet's YAML here (default: a temporary folder)")
     p.add_argument(
         "--prometheus",

@@ -99,7 +99,7 @@ def test_make_run_starts_the_fleet_and_the_readme_chat_hits_the_warm_prompts(
             seen.add(raw.headers["x-warmfleet-backend"])
             assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
             assert reply.usage.prompt_tokens_details.cached_tokens == tokens["oncall"] > 0
-        assert seen <= {"node-1", "node-2"}
+        assert seen and seen <= {"node-1", "node-2"}
     finally:
         up.send_signal(signal.SIGINT)
         try:

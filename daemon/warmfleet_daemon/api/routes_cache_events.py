@@ -23,7 +23,6 @@ from starlette.concurrency import run_in_threadpool
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
 from warmfleet_daemon.api.errors import ErrorResponse
 from warmfleet_daemon.cache_layout import CacheLayout, export_layout
-from warmfleet_daemon.chunking import root_key
 from warmfleet_daemon.engine.core import Engine
 
 router = APIRouter(
@@ -41,7 +40,7 @@ def layout_of(engine: Engine) -> CacheLayout:
     return export_layout(
         loaded.tokenizer,
         model=loaded.name,
-        root=root_key(f"{loaded.name}|{loaded.source}"),  # the engine's own root key
+        root=engine.root,
         block_size=engine.config.block_size,
     )
 
