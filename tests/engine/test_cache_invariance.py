@@ -68,10 +68,16 @@ def prefill_kv(engine: Engine, tokens: list[int], cuts: tuple[int, ...]) -> list
     seq = engine._prefilling[-1]
     while seq in engine._prefilling:
         engine._prefill_step(seq)
-    assert seq.caches is not None
-    arrays = [
-        a for c in seq.caches for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
-    ]
+    if seq.caches is not None:
+        arrays = [
+            a
+            for c in seq.caches
+            for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
+        ]
+    else:  # admitted to the decode batch: its KV is that row's
+        assert engine._rows is not None
+        row = engine._decoding.index(seq)
+        arrays = [a for kv in engine._rows.row_kv(row) for a in kv]
     engine.cancel(seq.request.request_id)
     engine.run_until_idle()
     return arrays

@@ -24,6 +24,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from warmfleet_daemon.engine import decode_batch
+
 _LOG2E = math.log2(math.e)
 _HOOK_NAME = "scaled_dot_product_attention"
 
@@ -81,6 +83,13 @@ def _make_hook(original: Callable[..., mx.array], cpu: bool) -> Callable[..., mx
         mask: Any,
         sinks: Any = None,
     ) -> mx.array:
+        if isinstance(cache, decode_batch.LayerView):
+            outs = []
+            for group, k, v in zip(cache.groups, keys, values):
+                with mx.stream(group.stream):
+                    q = queries[group.start : group.stop]
+                    outs.append(blocked_decode_attention(q, k, v, scale, group.mask))
+            return mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
         if isinstance(cache, SequenceBatch):
             outs = [
                 _one(queries[i : i + 1], k, v, scale, None, original, cpu, sinks)
@@ -130,3 +139,34 @@ def exp2_attention(
     weights = mx.power(2.0, scores)
     out = (weights @ v) / weights.sum(axis=-1, keepdims=True)
     return out.reshape(batch, heads, length, -1)
+
+
+def blocked_decode_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array
+) -> mx.array:
+    """One query per row over its keys split in blocks: q (rows, heads, 1, dim), k and v
+    (rows, kv_heads, blocks, KEY_BLOCK, dim), mask (rows, 1, blocks, 1, KEY_BLOCK)
+    additive. Every sum over keys is per block, then a fixed pairwise tree over blocks,
+    so the padding a row gets from its neighbours (masked: exact zeros) never changes
+    its result. Softmax via exp2, as in `exp2_attention`."""
+    rows, heads, _, dim = q.shape
+    kv_heads = k.shape[1]
+    q = (q * (scale * _LOG2E)).reshape(rows, kv_heads, 1, heads // kv_heads, dim)
+    scores = q @ k.swapaxes(-1, -2) + mask  # (rows, kv_heads, blocks, group, KEY_BLOCK)
+    weights = mx.power(2.0, scores - scores.max(axis=(2, 4), keepdims=True))
+    out = _pairwise_sum(weights @ v, axis=2)
+    total = _pairwise_sum(weights.sum(axis=-1, keepdims=True), axis=2)
+    return (out / total).reshape(rows, heads, 1, dim)
+
+
+def _pairwise_sum(x: mx.array, axis: int) -> mx.array:
+    """Sum over `axis` as a tree of pairs (0+1, 2+3, ...; an odd last one carried up):
+    trailing zeros leave the result bit-identical, whatever their count."""
+    while x.shape[axis] > 1:
+        n = x.shape[axis]
+        index: list[slice] = [slice(None)] * x.ndim
+        even, odd, last = list(index), list(index), list(index)
+        even[axis], odd[axis], last[axis] = slice(0, n - 1, 2), slice(1, n, 2), slice(n - 1, n)
+        paired = x[tuple(even)] + x[tuple(odd)]
+        x = mx.concatenate([paired, x[tuple(last)]], axis=axis) if n % 2 else paired
+    return x

@@ -15,6 +15,7 @@ chunk plan of `chunking`, and each chunk becomes a prefix-cache block.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from warmfleet_daemon.chunking import Chunk, plan_chunks, root_key
-from warmfleet_daemon.engine import attention, kv, prefill_order
+from warmfleet_daemon.engine import attention, decode_batch, head, kv, prefill_order
 from warmfleet_daemon.engine.grammar import GrammarCompiler, GrammarError
 from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
@@ -145,22 +146,6 @@ class _Sequence:
         return (self.chunks[-1].end if self.chunks else 0) - done
 
 
-# mlx-lm model types whose __call__ is `head(self.model(inputs, cache))`: for them the
-# final prefill chunk runs the LM head on its last position only, not on every row.
-_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-
-
-def last_position_logits(model: Any, inputs: mx.array, cache: list[Any]) -> mx.array:
-    """Logits (1, vocab) of the last input position, extending `cache`."""
-    args = getattr(model, "args", None)
-    if getattr(args, "model_type", None) in _PLAIN_HEAD_TYPES and hasattr(model, "model"):
-        hidden = model.model(inputs, cache)[:, -1:, :]
-        if getattr(args, "tie_word_embeddings", False):
-            return model.model.embed_tokens.as_linear(hidden)[:, -1, :]  # type: ignore[no-any-return]
-        return model.lm_head(hidden)[:, -1, :]  # type: ignore[no-any-return]
-    return model(inputs, cache=cache)[:, -1, :]  # type: ignore[no-any-return]
-
-
 def wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
     """Wait for the OS thread itself to end, not just its Python part: MLX's
     thread-local compile cache takes the GIL in its destructor, and if that runs while
@@ -186,7 +171,15 @@ class Engine:
         self._root = root_key(f"{loaded.name}|{loaded.source}")
         self._eos = set(loaded.tokenizer.eos_token_ids)
         attention.install(self.model, cpu=not loaded.on_gpu)
+        self._logits = head.Head(self.model, cpu=not loaded.on_gpu)
         self._batched = attention.supports_sequence_batching(self.model)
+        # On the CPU, decoding sequences share per-layer KV buffers and one attention call
+        # per layer. Metal keeps per-sequence mx.fast attention (not yet measured there).
+        self._rows: decode_batch.DecodeBatch | None = (
+            decode_batch.DecodeBatch(config.max_num_seqs)
+            if self._batched and not loaded.on_gpu
+            else None
+        )
         self._inbox: deque[_Sequence] = deque()
         self._waiting: deque[_Sequence] = deque()
         self._prefilling: list[_Sequence] = []
@@ -342,7 +335,10 @@ class Engine:
     # -- the loop -----------------------------------------------------------------
 
     def step(self) -> bool:
-        """One iteration: a decode step for the running batch and one prefill chunk.
+        """One iteration: a decode step for the running batch, then prefill chunks until
+        a block's worth of tokens was computed (one long chunk, or several short prompts:
+        eight short requests arriving together then all start in one step, while a
+        running stream never waits for more than a chunk of prefill between tokens).
         Returns False when there was nothing to do. The engine thread calls this in a
         loop; tests may call it directly on an engine that was not started."""
         self._take_inbox()
@@ -350,9 +346,14 @@ class Engine:
         if self._decoding:
             self._guard(list(self._decoding), self._decode_step)
             worked = True
-        seq = self._pick_prefill()
-        if seq is not None:
-            self._guard([seq], lambda: self._prefill_step(seq))
+        budget = self.config.block_size
+        for _ in range(2 * self.config.max_num_seqs):  # cached chunks cost nothing: bound it
+            seq = self._pick_prefill() if budget > 0 else None
+            if seq is None:
+                break
+            before = self._prefill_total
+            self._guard([seq], functools.partial(self._prefill_step, seq))
+            budget -= self._prefill_total - before
             worked = True
         return worked
 
@@ -453,6 +454,10 @@ class Engine:
         token = self._sample([seq], seq.final_logits)[0]
         seq.final_logits = None
         self._accept(seq, token, time.perf_counter())
+        if self._rows is not None and seq in self._decoding:
+            assert seq.caches is not None and len(self._rows) == len(self._decoding) - 1
+            self._rows.admit(seq.caches)
+            seq.caches = None  # its KV lives in the decode batch's row now
 
     def _usable(
         self, seq: _Sequence, payloads: tuple[kv.BlockPayload, ...]
@@ -478,7 +483,7 @@ class Engine:
         final = seq.next_chunk == len(seq.chunks) - 1 and not seq.request.prefill_only
         inputs = mx.array(seq.tokens[chunk.start : chunk.end])[None]
         if final:
-            logits: mx.array | None = last_position_logits(self.model, inputs, seq.caches)
+            logits: mx.array | None = self._logits(inputs, seq.caches)
             mx.eval(logits, kv.cache_arrays(seq.caches))
         else:
             logits = None
@@ -498,20 +503,19 @@ class Engine:
     def _decode_step(self) -> None:
         seqs = list(self._decoding)
         inputs = mx.array([[s.next_input] for s in seqs])
-        if len(seqs) == 1:  # the same arithmetic as a batch of one, with fewer ops
-            logits = self.model(inputs, cache=seqs[0].caches)[:, -1, :]
+        if self._rows is not None:
+            logits = self._decode_rows(inputs)
+        elif len(seqs) == 1:  # the same arithmetic as a batch of one, with fewer ops
+            logits = self._logits(inputs, seqs[0].caches)
         elif self._batched:
             layers = [
                 attention.SequenceBatch([s.caches[i] for s in seqs])  # type: ignore[index]
                 for i in range(len(seqs[0].caches or []))
             ]
-            logits = self.model(inputs, cache=layers)[:, -1, :]
+            logits = self._logits(inputs, layers)
         else:  # caches that cannot be decoded side by side: one forward each
             logits = mx.concatenate(
-                [
-                    self.model(inputs[i : i + 1], cache=s.caches)[:, -1, :]
-                    for i, s in enumerate(seqs)
-                ]
+                [self._logits(inputs[i : i + 1], s.caches) for i, s in enumerate(seqs)]
             )
         token_ids = self._sample(seqs, logits)
         now = time.perf_counter()
@@ -520,6 +524,19 @@ class Engine:
             mx.clear_cache()
         for seq, token in zip(seqs, token_ids):
             self._accept(seq, token, now)
+
+    def _decode_rows(self, inputs: mx.array) -> mx.array:
+        """Logits (rows, vocab) of one decode step of every row of the decode batch."""
+        rows = self._rows
+        assert rows is not None
+        try:
+            logits = self._logits(inputs, rows.step_views())
+            mx.eval(logits, rows.buffers())
+        except Exception:
+            rows.reset()  # its buffers may be half-written; every decoding request fails
+            raise
+        rows.advance()
+        return logits
 
     def _sample(self, seqs: list[_Sequence], logits: mx.array) -> list[int]:
         """One token per sequence from its row of `logits` (batch, vocab), through the
@@ -586,6 +603,16 @@ class Engine:
         if text:
             seq.sink(Event(text, (token,), logprobs=self._take_logprobs(seq)))
 
+    def _leave_decoding(self, seq: _Sequence) -> None:
+        row = self._decoding.index(seq)
+        if self._rows is None or row >= len(self._rows):
+            self._decoding.remove(seq)  # not admitted (it finished on its first token)
+            return
+        moved = self._rows.release(row)
+        if moved is not None:  # the last row took its place: mirror that
+            self._decoding[row] = self._decoding[moved]
+        self._decoding.pop()
+
     @staticmethod
     def _take_logprobs(seq: _Sequence) -> tuple[TokenLogprob, ...]:
         taken = tuple(seq.pending_logprobs)
@@ -600,9 +627,10 @@ class Engine:
         token: int | None = None,
         error: str | None = None,
     ) -> None:
-        for group in (self._prefilling, self._decoding):
-            if seq in group:
-                group.remove(seq)
+        if seq in self._decoding:
+            self._leave_decoding(seq)
+        if seq in self._prefilling:
+            self._prefilling.remove(seq)
         if seq in self._waiting:
             self._waiting.remove(seq)
         now = time.perf_counter()

@@ -1,0 +1,146 @@
+"""Aggregate decode at concurrency 8: warmfleet vs mlx_lm.server vs vllm-mlx, side by side.
+
+All servers run the embedded SmolLM2-135M (float32, `warmfleet convert default DIR` for
+the peers) with Debian's OpenBLAS (warmfleet loads it; the peers get it with
+LD_PRELOAD). They are started together and measured in interleaved rounds (round 1:
+each server in turn, round 2: the same in another order, ...), so a noisy spell on the
+machine lands on every server rather than on one. Prints medians and ratios.
+
+vllm-mlx lives in its own virtualenv (its dependencies pin other versions of mlx-lm):
+
+    python3.11 -m venv ~/.cache/peers/vllm-mlx
+    ~/.cache/peers/vllm-mlx/bin/pip install vllm-mlx==0.6.0 'mlx[cpu]'
+    .venv/bin/python bench/decode_c8.py [--rounds 5] [--vllm-mlx PATH/TO/bin/vllm-mlx]
+
+Figures per server and round:
+  c=8 tok/s     completion tokens of 8 simultaneous 128-token streams / (last token -
+                first request sent): the aggregate a client sees, prefills included
+  c=1 tok/s     one 128-token stream, tokens after the first / time after the first
+  8th TTFT      time to first token of the stream whose first token came last
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_vs_mlx_lm import (
+    VENV_BIN,
+    concurrent,
+    free_port,
+    openblas,
+    prepare,
+    server,
+    started,
+    stream,
+)
+
+TOPICS = ["dragons", "the sea", "a robot", "Paris", "a garden", "winter", "a train", "the moon"]
+DEFAULT_VLLM_MLX = Path.home() / ".cache/peers/vllm-mlx/bin/vllm-mlx"
+
+
+@dataclass
+class Figures:
+    c8: list[float] = field(default_factory=list)
+    c1: list[float] = field(default_factory=list)
+    last_ttft: list[float] = field(default_factory=list)
+
+
+def vllm_mlx(binary: Path, model_dir: str) -> object:
+    """vllm-mlx with continuous batching, as its README serves several clients."""
+    port = free_port()
+    env = {**os.environ}
+    blas = openblas()
+    if blas:
+        env["LD_PRELOAD"] = blas
+    cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching"]
+    return started(cmd, model_dir, "/health", env)
+
+
+def one_round(url: str, model: str, rnd: int, figures: Figures) -> None:
+    conversations = [
+        [{"role": "user", "content": f"Write a long story about {topic}, part {rnd}."}]
+        for topic in TOPICS
+    ]
+    eight = concurrent(url, model, conversations, 128)
+    start = min(r.first_token_at - r.ttft_s for r in eight)
+    end = max(r.last_token_at for r in eight)
+    figures.c8.append(sum(r.completion_tokens for r in eight) / (end - start))
+    figures.last_ttft.append(max(r.ttft_s for r in eight))
+    essay = [{"role": "user", "content": f"Write a long essay about computing, part {rnd}."}]
+    one = stream(url, model, essay, 128)
+    figures.c1.append((one.completion_tokens - 1) / (one.last_token_at - one.first_token_at))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--model-dir", default=None, help="converted model (default: a temp dir)")
+    ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX, help="its serve binary")
+    args = ap.parse_args()
+    _, model_dir = prepare(args.model_dir)
+    kinds = ["warmfleet", "mlx_lm.server"]
+    if args.vllm_mlx.exists():
+        kinds.append("vllm-mlx")
+    else:
+        print(f"vllm-mlx not found at {args.vllm_mlx}: comparing with mlx_lm.server only")
+    figures = {kind: Figures() for kind in kinds}
+    with ExitStack() as stack:
+        endpoints = {}
+        for kind in kinds:
+            if kind == "vllm-mlx":
+                s = stack.enter_context(vllm_mlx(args.vllm_mlx, model_dir))  # type: ignore[arg-type]
+                endpoints[kind] = (s.url, s.model)
+                stream(s.url, s.model, [{"role": "user", "content": "hi"}], 1)  # prime
+            else:
+                endpoints[kind] = stack.enter_context(server(kind, model_dir))
+        print(f"servers up: {', '.join(kinds)}; warmfleet from {VENV_BIN}", flush=True)
+        for rnd in range(args.rounds):
+            order = kinds[rnd % len(kinds) :] + kinds[: rnd % len(kinds)]
+            for kind in order:
+                one_round(*endpoints[kind], rnd, figures[kind])
+            print(
+                f"round {rnd + 1}: "
+                + "  ".join(
+                    f"{k} c8 {figures[k].c8[-1]:.1f} tok/s, c1 {figures[k].c1[-1]:.1f}, "
+                    f"8th TTFT {figures[k].last_ttft[-1]:.2f} s"
+                    for k in kinds
+                ),
+                flush=True,
+            )
+
+    def med(kind: str, name: str) -> float:
+        return statistics.median(getattr(figures[kind], name))
+
+    title = f"median of {args.rounds} rounds"
+    print(f"\n{title:34}" + "".join(f"{k:>15}" for k in kinds))
+    for name, label in (
+        ("c8", "aggregate decode c=8 (tok/s)"),
+        ("c1", "decode c=1 (tok/s)"),
+        ("last_ttft", "TTFT of the 8th stream (s)"),
+    ):
+        print(f"{label:34}" + "".join(f"{med(k, name):15.2f}" for k in kinds))
+    peers = [k for k in kinds if k != "warmfleet"]
+    best = max(peers, key=lambda k: med(k, "c8"))
+    print(
+        f"\nwarmfleet c=8 / best peer ({best}): {med('warmfleet', 'c8') / med(best, 'c8'):.2f}x "
+        "(target >= 1.2x)"
+    )
+    print(
+        "warmfleet 8th-stream TTFT / mlx_lm.server's: "
+        f"{med('warmfleet', 'last_ttft') / med('mlx_lm.server', 'last_ttft'):.2f}x (target <= 1x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
