@@ -126,10 +126,21 @@ def test_a_rows_attention_does_not_depend_on_its_neighbours() -> None:
 
 
 def test_row_groups_on_their_own_streams_compute_what_one_group_does() -> None:
-    lengths = [40, 300, 700, 5, 129]
+    lengths = [40, 3000, 700, 5, 1290]  # enough keys to split the rows
     one = attend(lengths, streams=1)
     for streams in (2, 3):
+        batch = DecodeBatch(max_rows=8, streams=streams)
+        for seed, n in enumerate(lengths):
+            batch.admit(prefilled(n, seed))
+        assert len(batch.step_views()[0].groups) == streams
         assert mx.array_equal(attend(lengths, streams=streams), one).item()
+
+
+def test_a_step_with_little_attention_work_stays_in_one_group() -> None:
+    batch = DecodeBatch(max_rows=8, streams=2)
+    for seed, n in enumerate([40, 300, 700]):
+        batch.admit(prefilled(n, seed))
+    assert len(batch.step_views()[0].groups) == 1
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:

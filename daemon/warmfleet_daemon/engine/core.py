@@ -542,6 +542,8 @@ class Engine:
         """One token per sequence from its row of `logits` (batch, vocab), through the
         sequence's own processors when it has any."""
         if not any(s.processors.active for s in seqs):
+            if all(s.request.sampling.greedy for s in seqs):  # one op for the whole batch
+                return cast(list[int], mx.argmax(logits, axis=-1).tolist())
             sampled = mx.stack([s.sampler.sample(logits[i]) for i, s in enumerate(seqs)])
             return cast(list[int], sampled.tolist())
         rows = [self._process(s, logits[i : i + 1]) for i, s in enumerate(seqs)]

@@ -26,6 +26,10 @@ from mlx_lm.models.cache import KVCache
 
 KEY_BLOCK = 64  # keys per attention block: a row is padded to a multiple of this
 _GROW = 256  # capacity grows in these steps (a multiple of KEY_BLOCK): regrowth copies
+# Keys (summed over rows) a step must attend before its rows are split over several CPU
+# streams: below this, the extra ops cost more than the second core saves (measured
+# here: 8 rows of 100 keys 0.76 ms in one group, 0.96 in two; of 1,500 keys 10.8 vs 6.5).
+_SPLIT_KEYS = 4096
 
 
 @dataclass(frozen=True)
@@ -173,7 +177,8 @@ class DecodeBatch:
         if streams is None:
             streams = [mx.new_stream(mx.cpu) for _ in range(self._stream_count)]
             self._streams[threading.get_ident()] = streams
-        count = min(len(streams), rows)
+        work = sum(self.lengths)
+        count = min(len(streams), rows) if work >= _SPLIT_KEYS else 1
         bounds = [rows * i // count for i in range(count + 1)]
         return [(bounds[i], bounds[i + 1], streams[i]) for i in range(count)]
 
