@@ -45,6 +45,18 @@ class RouterOptions:
     sync: SyncOptions = field(default_factory=SyncOptions)
 
 
+class Unroutable(Exception):
+    """No backend can take this request: the OpenAI-style error to answer with."""
+
+    def __init__(
+        self, status: int, message: str, code: str, type_: str, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.type, self.param = (
+            status, message, code, type_, param
+        )  # fmt: skip
+
+
 @dataclass
 class Plan:
     decision: Decision
@@ -69,6 +81,7 @@ class Fleet:
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._turn = 0
+        self.discovered = asyncio.Event()  # the source's first backend list is applied
         metrics.observe(lambda: list(self.backends.values()), self.index.size)
 
     # -- membership ---------------------------------------------------------------
@@ -103,20 +116,16 @@ class Fleet:
         self.backends.pop(name)
         await sync.stop()
 
-    async def refresh(self, source: Source) -> None:
+    async def follow(self, source: Source) -> None:
+        """Apply the source's backend lists as they change (until cancelled); `discovered`
+        is set once the first one is applied."""
         try:
-            await self.apply(await source.specs())
-        except Exception as exc:  # a bad folder or an API hiccup: keep what we have
-            log.warning("backend discovery failed: %s", exc)
-
-    async def follow(self, source: Source, stop: asyncio.Event) -> None:
-        """Read a changing source again every interval until `stop`."""
-        while source.interval:
-            try:
-                await asyncio.wait_for(stop.wait(), source.interval)
-                return
-            except asyncio.TimeoutError:
-                await self.refresh(source)
+            async for specs in source.changes():
+                await self.apply(specs)
+                self.discovered.set()
+        except Exception:
+            log.exception("backend discovery stopped; the backends stay as they are")
+            raise
 
     async def first_checks(self, timeout: float = 5.0) -> None:
         await asyncio.gather(*(s.first_check(timeout) for s in self._syncs.values()))
@@ -168,12 +177,15 @@ class Fleet:
         headers: Mapping[str, str],
         *,
         exclude: frozenset[str] = frozenset(),
-    ) -> Plan | None:
-        """The decision for one request (None: no backend is ready)."""
+    ) -> Plan:
+        """The decision for one request; Unroutable when no ready backend serves it."""
         arrived = time.monotonic()
         backends = [b for b in self.usable() if b.name not in exclude]
+        model = body.get("model") if body is not None else None
+        if isinstance(model, str):
+            backends = self._serving(model, backends)
         if not backends:
-            return None
+            raise Unroutable(503, "no backend is ready", "no_backend", "service_unavailable")
         affinity = next((headers[h] for h in AFFINITY_HEADERS if headers.get(h)), None)
         blocks: dict[str, RequestBlocks] = {}
         by_keyer: dict[int, RequestBlocks] = {}
@@ -203,6 +215,29 @@ class Fleet:
         )
         predicted = {c.name: c.cached_tokens for c in candidates}
         return Plan(decision, blocks, affinity, arrived, predicted)
+
+    def _serving(self, model: str, backends: list[Backend]) -> list[Backend]:
+        """The backends that answer to `model`; those that have not said which models
+        they serve only when none has said it serves this one."""
+        serving = [b for b in backends if b.serves(model)]
+        if serving:
+            return serving
+        unknown = [b for b in backends if b.serves(model) is None]
+        if unknown:
+            return unknown
+        if any(b.serves(model) for b in self.backends.values()):
+            raise Unroutable(
+                503, f"no backend serving `{model}` is ready", "no_backend", "service_unavailable"
+            )
+        if backends:  # as a daemon answers an unknown model
+            raise Unroutable(
+                404,
+                f"The model `{model}` does not exist.",
+                "model_not_found",
+                "not_found_error",
+                "model",
+            )
+        return []
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
@@ -281,6 +316,7 @@ class Fleet:
                         "resyncs": b.resyncs,
                         "layout": b.fingerprint,
                     },
+                    "models": sorted(b.models) if b.models is not None else None,
                     "warm_sets": b.warm_sets,
                     "last_error": b.last_error,
                 }

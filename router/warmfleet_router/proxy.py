@@ -15,7 +15,7 @@ import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from warmfleet_router.backend import Backend
-from warmfleet_router.fleet import Fleet, Plan
+from warmfleet_router.fleet import Fleet, Plan, Unroutable
 from warmfleet_router.policy import Reason
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,13 @@ class UpstreamFailed(Exception):
 
 
 def error_body(
-    status: int, message: str, code: str, type_: str = "service_unavailable"
+    status: int,
+    message: str,
+    code: str,
+    type_: str = "service_unavailable",
+    param: str | None = None,
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 async def forward(
@@ -56,9 +60,13 @@ async def forward(
     body: Mapping[str, Any] | None,
     headers: Mapping[str, str],
 ) -> Response:
-    plan = await fleet.plan(route, body, headers)
-    if plan is None:
-        return JSONResponse(error_body(503, "no backend is ready", "no_backend"), status_code=503)
+    try:
+        plan = await fleet.plan(route, body, headers)
+    except Unroutable as exc:
+        return JSONResponse(
+            error_body(exc.status, exc.message, exc.code, exc.type, exc.param),
+            status_code=exc.status,
+        )
     upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]

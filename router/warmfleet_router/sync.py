@@ -2,6 +2,8 @@
 
 Health: `GET /readyz` every `health_interval`; a failed request or a 5xx seen by the
 proxy marks it down at once (passive check), the next good probe brings it back.
+Models: the names it answers to (`/v1/models`, plus a warmfleet daemon's aliases from
+`/v1/status`), read when it becomes ready and every `models_interval` while it is.
 Cache events: the daemon's layout, then a snapshot, then the event stream from the
 snapshot's sequence number; a gap (a sequence number skipped, a heartbeat ahead of the
 last event) or a `reset` line means fetch a new snapshot; a dropped connection means
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SyncOptions:
     health_interval: float = 2.0
+    models_interval: float = 10.0
     warm_sets_interval: float = 10.0
     heartbeat: float = 5.0  # asked of the daemon; a stream silent for 3x this is dead
     retry: float = 2.0
@@ -65,6 +69,7 @@ class BackendSync:
         self._on_index = on_index
         self._tasks: list[asyncio.Task[None]] = []
         self._checked = asyncio.Event()
+        self._models_read = -math.inf  # loop time of the last read of its model names
 
     def start(self) -> None:
         name = self.backend.name
@@ -89,21 +94,50 @@ class BackendSync:
     # -- health -------------------------------------------------------------------
 
     async def check_health(self) -> None:
+        try:
+            await self._probe()
+        finally:
+            self._checked.set()
+
+    async def _probe(self) -> None:
         backend = self.backend
         try:
             r = await self._client.get(f"{backend.url}/readyz", timeout=5.0)
         except httpx.HTTPError as exc:
             backend.set_health("down", f"{type(exc).__name__}: {exc}")
             return
-        finally:
-            self._checked.set()
         if r.status_code == 200:
+            now = asyncio.get_running_loop().time()
+            stale = now - self._models_read >= self._options.models_interval
+            if backend.health != "ready" or stale:  # it may have restarted with another model
+                await self.read_models()
+                self._models_read = now
             backend.set_health("ready")
             return
         status = _json_field(r, "status")
         backend.set_health(
             "draining" if status == "draining" else "unready", status or r.text[:200]
         )
+
+    async def read_models(self) -> None:
+        """The names the backend answers to; kept as they were when it cannot say."""
+        backend = self.backend
+        try:
+            r = await self._client.get(f"{backend.url}/v1/models", timeout=5.0)
+            data = r.json().get("data") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if not isinstance(data, list):
+            return
+        names = {str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")}
+        try:  # a warmfleet daemon also answers to its aliases (`default`, its --model)
+            r = await self._client.get(f"{backend.url}/v1/status", timeout=5.0)
+            model = r.json().get("model") if r.status_code == 200 else None
+            if isinstance(model, dict):
+                names.update(str(a) for a in model.get("aliases") or [])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        backend.models = frozenset(names) or None
 
     async def _health_loop(self) -> None:
         while True:
