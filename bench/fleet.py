@@ -216,7 +216,10 @@ def router_predictions(router: Proc) -> Counter[str]:
     for family in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text):
         for s in family.samples:
             if s.name == "warmfleet_router_predictions_total":
-                out[s.labels["warmfleet_prediction"]] += int(s.value)
+                # Only event-backed predictions measure the index; history guesses apart.
+                source = s.labels.get("warmfleet_prediction_source")
+                prefix = "" if source == "events" else f"{source}:"
+                out[prefix + s.labels["warmfleet_prediction"]] += int(s.value)
     return out
 
 
@@ -379,7 +382,7 @@ def summary(
     ttft = sorted(result.ttft)
     per_backend = [result.backends.get(k, 0) for k in result.backends] or [0]
     mean = sum(per_backend) / max(1, daemons)
-    judged = sum(predictions.values())
+    judged = sum(predictions[k] for k in ("exact", "over", "under"))
     return {
         "run": name,
         "requests": result.requests,
@@ -389,6 +392,7 @@ def summary(
         "max_over_mean": max(per_backend) / mean if mean else None,
         "per_backend": dict(result.backends),
         "exact_predictions": predictions["exact"] / judged if judged else None,
+        "predictions": dict(predictions),
         "failed_before_first_byte": result.failed_before_first_byte,
         "failed_after_first_byte": result.failed_after_first_byte,
         "wall_s": wall,

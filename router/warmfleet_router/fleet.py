@@ -64,6 +64,9 @@ class Plan:
     affinity: str | None
     started: float  # the request's arrival, before it was tokenized
     predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
+    # What each prediction rests on: "events" (the daemon's cache events), "history"
+    # (the router's own routing, and warm sets), "resyncing" (nothing yet).
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 class Fleet:
@@ -158,7 +161,7 @@ class Fleet:
             self._keyers[layout.fingerprint] = keyer
 
     def _keyer_of(self, backend: Backend) -> Keyer:
-        if backend.index_mode != "history" and backend.fingerprint in self._keyers:
+        if backend.fingerprint in self._keyers:  # its own layout (also without events)
             return self._keyers[backend.fingerprint]
         # History estimates use the keys of any known layout (same model, same tokens),
         # else message keys.
@@ -214,7 +217,8 @@ class Fleet:
             turn=self._turn,
         )
         predicted = {c.name: c.cached_tokens for c in candidates}
-        return Plan(decision, blocks, affinity, arrived, predicted)
+        sources = {b.name: _source(b) for b in backends}
+        return Plan(decision, blocks, affinity, arrived, predicted, sources)
 
     def _serving(self, model: str, backends: list[Backend]) -> list[Backend]:
         """The backends that answer to `model`; those that have not said which models
@@ -268,8 +272,9 @@ class Fleet:
                 self._sessions.move_to_end(plan.affinity)
                 while len(self._sessions) > MAX_SESSIONS:
                     self._sessions.popitem(last=False)
+        source = plan.sources.get(backend.name, _source(backend))
         self.metrics.request_finished(
-            backend, reason, outcome, predicted, prompt_tokens, cached, first_byte
+            backend, reason, outcome, predicted, source, prompt_tokens, cached, first_byte
         )
         self.decisions.append(
             {
@@ -279,6 +284,7 @@ class Fleet:
                 "outcome": outcome,
                 "session": plan.affinity,
                 "predicted_cached_tokens": predicted,
+                "prediction_source": source if predicted is not None else None,
                 "cached_tokens": cached,
                 "prompt_tokens": prompt_tokens,
             }
@@ -325,3 +331,8 @@ class Fleet:
             "sessions": len(self._sessions),
             "decisions": list(self.decisions)[::-1],
         }
+
+
+def _source(backend: Backend) -> str:
+    """What the index's prediction for this backend rests on right now."""
+    return {"following": "events", "history": "history"}.get(backend.index_mode, "resyncing")

@@ -53,7 +53,9 @@ class Backends:
             return httpx.Response(200, json={"model": {"id": "x", "aliases": self.aliases[host]}})
         if path == "/v1/chat/completions":
             self.chats.append(host)
-            answer = json.dumps({"model": json.loads(request.content)["model"], "choices": []})
+            usage = {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}
+            model = json.loads(request.content)["model"]
+            answer = json.dumps({"model": model, "choices": [], "usage": usage})
             return httpx.Response(
                 200, headers={"content-type": "application/json"}, content=_body(answer.encode())
             )
@@ -169,3 +171,23 @@ async def test_a_backend_back_with_another_model_is_read_again(
     assert await choice(fleet, "qwen-3") == ("qwen", ())
     with pytest.raises(Unroutable):
         await fleet.plan("chat", chat("qwen-2"), {})
+
+
+async def test_predictions_for_backends_without_events_are_labelled_history(
+    fleet: Fleet,
+) -> None:
+    """Guesses from routing history are counted apart from event-backed predictions, so
+    they neither inflate nor deflate the index's accuracy."""
+    await start(fleet, "llama")
+    raw = json.dumps(chat("llama-3")).encode()
+    response = await forward(fleet, "/v1/chat/completions", "chat", raw, chat("llama-3"), {})
+    assert response.status_code == 200
+    assert fleet.decisions[-1]["prediction_source"] == "history"
+    samples = [
+        line
+        for line in fleet.metrics.prometheus_text().decode().splitlines()
+        if line.startswith("warmfleet_router_predictions_total{")
+    ]
+    assert len(samples) == 1
+    assert 'warmfleet_prediction_source="history"' in samples[0]
+    assert 'warmfleet_prediction="exact"' in samples[0]
