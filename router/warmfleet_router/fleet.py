@@ -17,7 +17,7 @@ import httpx
 from warmfleet_daemon.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
-from warmfleet_router.index import BlockIndex
+from warmfleet_router.index import BlockIndex, Flight
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
@@ -64,9 +64,11 @@ class Plan:
     affinity: str | None
     started: float  # the request's arrival, before it was tokenized
     predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
-    # What each prediction rests on: "events" (the daemon's cache events), "history"
+    # What each prediction rests on: "events" (the daemon's cache events), "contended"
+    # (events, but a request in flight there shares blocks not stored yet), "history"
     # (the router's own routing, and warm sets), "resyncing" (nothing yet).
     sources: dict[str, str] = field(default_factory=dict)
+    flights: dict[str, Flight] = field(default_factory=dict)  # per backend tried
 
 
 class Fleet:
@@ -246,6 +248,15 @@ class Fleet:
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
         backend.requests += 1
+        plan.flights[backend.name] = self.index.take_off(
+            backend.name, plan.blocks.get(backend.name, EMPTY)
+        )
+
+    def prefilled(self, plan: Plan, backend: Backend) -> None:
+        """Its first output arrived: the daemon has computed (and stored) its prompt."""
+        flight = plan.flights.get(backend.name)
+        if flight is not None:
+            self.index.land(flight)
 
     def finished(
         self,
@@ -259,6 +270,9 @@ class Fleet:
     ) -> None:
         """A request left `backend` (any outcome): counters, index history, sessions."""
         backend.in_flight = max(0, backend.in_flight - 1)
+        flight = plan.flights.get(backend.name)
+        if flight is not None:
+            self.index.land(flight)
         predicted = self.index_prediction(plan, backend, reason)
         prompt_tokens = cached = None
         if usage:
@@ -273,12 +287,15 @@ class Fleet:
                 while len(self._sessions) > MAX_SESSIONS:
                     self._sessions.popitem(last=False)
         source = plan.sources.get(backend.name, _source(backend))
+        if source == "events" and flight is not None and flight.contended:
+            source = "contended"
         self.metrics.request_finished(
             backend, reason, outcome, predicted, source, prompt_tokens, cached, first_byte
         )
         self.decisions.append(
             {
                 "time": time.time(),
+                "arrived": time.time() - (time.monotonic() - plan.started),
                 "backend": backend.name,
                 "reason": reason,
                 "outcome": outcome,

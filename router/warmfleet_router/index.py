@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from warmfleet_daemon.chunking import BlockKey
 from warmfleet_router.keys import RequestBlocks
@@ -21,11 +22,22 @@ from warmfleet_router.keys import RequestBlocks
 DEFAULT_HISTORY_BLOCKS = 200_000
 
 
+@dataclass(eq=False)
+class Flight:
+    """One request in prefill on a backend (see BlockIndex.take_off)."""
+
+    backend: str
+    keys: frozenset[BlockKey]
+    first_unheld: BlockKey | None  # its first block the index did not hold when it left
+    contended: bool = False
+
+
 class BlockIndex:
     def __init__(self, history_blocks: int = DEFAULT_HISTORY_BLOCKS) -> None:
         self._precise: dict[str, dict[BlockKey, bool]] = {}  # backend -> key -> logits
         self._history: dict[str, OrderedDict[BlockKey, None]] = {}
         self._pinned: dict[str, frozenset[BlockKey]] = {}  # warm, pinned prompts' blocks
+        self._flights: dict[str, list[Flight]] = {}  # requests in prefill, per backend
         self._history_blocks = history_blocks
 
     # -- precise: a daemon's cache events ---------------------------------------
@@ -62,6 +74,34 @@ class BlockIndex:
     def set_pinned(self, backend: str, keys: Iterable[BlockKey]) -> None:
         """The blocks of every warm prompt of a pinned set on this backend (replaces)."""
         self._pinned[backend] = frozenset(keys)
+
+    # -- requests in prefill: blocks a backend may be computing right now ----------
+
+    def take_off(self, backend: str, blocks: RequestBlocks) -> Flight:
+        """A request sent to `backend`, until its prefill is done (`land`). Two requests
+        there at once that could share a block neither's prediction counted contend:
+        the daemon computes such a block once, and which of the two then reuses it is
+        up to its prefill scheduler, so both predictions can be off by those blocks
+        (either way) through no fault of the index."""
+        precise = self._precise.get(backend)
+        held: dict[BlockKey, bool] | OrderedDict[BlockKey, None]
+        held = precise if precise is not None else self._history.get(backend, OrderedDict())
+        pinned = self._pinned.get(backend, frozenset()) if precise is None else frozenset()
+        first = next((k for k in blocks.keys if k not in held and k not in pinned), None)
+        flight = Flight(backend, frozenset(blocks.keys), first)
+        flights = self._flights.setdefault(backend, [])
+        for other in flights:
+            if (first is not None and first in other.keys) or (
+                other.first_unheld is not None and other.first_unheld in flight.keys
+            ):
+                other.contended = flight.contended = True
+        flights.append(flight)
+        return flight
+
+    def land(self, flight: Flight) -> None:
+        flights = self._flights.get(flight.backend, [])
+        if flight in flights:
+            flights.remove(flight)
 
     # -- all ----------------------------------------------------------------------
 

@@ -6,8 +6,10 @@ name, `gen_ai.request.model` the model its layout names) and decision reason: re
 prompt, cached and predicted cached tokens (fleet hit rate = rate(cached) / rate(prompt),
 token-weighted; index accuracy = the share of requests whose prediction was exact, by
 what the prediction rested on, `warmfleet.prediction.source`: `events` (a daemon's
-cache events: the accuracy that matters), `history` (guesses for backends without
-events), `resyncing`);
+cache events: the accuracy that matters), `contended` (events, but another request in
+flight on that daemon shares blocks it has not stored yet: which of the two reuses them
+is the daemon's scheduling), `history` (guesses for backends without events),
+`resyncing`);
 in-flight requests, health and index size as gauges; failovers and index resyncs as
 counters; time to first byte as seen by the router. Exported names: dots become
 underscores, counters get `_total`.

@@ -141,6 +141,7 @@ async def _attempt(
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
     first_byte = time.monotonic() - plan.started
+    fleet.prefilled(plan, backend)
 
     if not streaming:
         try:

@@ -235,3 +235,26 @@ def test_a_backend_without_events_is_asked_rarely_and_its_warm_sets_are_read() -
     assert asked_now["/v1/cache/snapshot"] == 1  # not 30 times in 0.3 s
     assert asked_now["/v1/cache/layout"] == 1  # its warm sets' keys would be in its layout
     assert predicted == 4  # the warm prompt's block; not the warming or unpinned ones
+
+
+def test_requests_in_prefill_together_that_could_share_an_unheld_block_contend() -> None:
+    """Both cold on one daemon: it computes the shared block once and either of them
+    may be the one that reuses it, so neither prediction can be exact by design."""
+    index = BlockIndex()
+    first = blocks(SHARED[:4])
+    index.load_snapshot("a", [(first.keys[0], False)])
+    index.load_snapshot("b", [])
+    one = index.take_off("a", blocks([*SHARED, 40]))  # holds block 0, needs 1, 2, 3
+    other_backend = index.take_off("b", blocks([*SHARED, 41]))
+    assert not one.contended and not other_backend.contended
+    two = index.take_off("a", blocks([*SHARED, 42]))  # needs block 1 too
+    assert one.contended and two.contended
+    index.land(one)
+    index.land(two)
+    index.stored("a", blocks(SHARED).keys[1], False)
+    # Prefill done (its blocks stored): a later request does not contend with it.
+    three = index.take_off("a", blocks([*SHARED, 43]))
+    assert not three.contended
+    # Nothing in common beyond what is held: no contention.
+    four = index.take_off("a", blocks([1, 2, 3, 4, 9, 9, 9, 9]))
+    assert not four.contended and not three.contended
