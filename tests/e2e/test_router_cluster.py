@@ -45,6 +45,69 @@ def report(record: Callable[[str, object], None], what: str, seconds: float) -> 
     record(f"e2e timing: {what}", f"{seconds:.2f} s")
 
 
+def router_rbac(namespace: str) -> list[dict[str, Any]]:
+    """What the chart grants the router (charts/warmfleet/templates/router.yaml): WarmNodes
+    get/list/watch cluster-wide, Secrets get in its namespace; nothing more."""
+    subject = {"kind": "ServiceAccount", "name": "router", "namespace": namespace}
+    rbac = "rbac.authorization.k8s.io"
+
+    def role(kind: str, resource: dict[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": f"{namespace}-router"}
+        if kind == "Role":
+            meta["namespace"] = namespace
+        return {"apiVersion": f"{rbac}/v1", "kind": kind, "metadata": meta, "rules": [resource]}
+
+    def binding(kind: str, role_kind: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": f"{namespace}-router"}
+        if kind == "RoleBinding":
+            meta["namespace"] = namespace
+        return {
+            "apiVersion": f"{rbac}/v1",
+            "kind": kind,
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": role_kind, "name": f"{namespace}-router"},
+            "subjects": [subject],
+        }
+
+    nodes = {"apiGroups": ["warmfleet.io"], "resources": ["warmnodes"]}
+    secrets = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "router", "namespace": namespace},
+        },
+        role("ClusterRole", {**nodes, "verbs": ["get", "list", "watch"]}),
+        binding("ClusterRoleBinding", "ClusterRole"),
+        role("Role", secrets),
+        binding("RoleBinding", "Role"),
+    ]
+
+
+def service_account_kubeconfig(namespace: str, path: Path) -> None:
+    """A kubeconfig that authenticates as the router's ServiceAccount only."""
+    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+    cluster = admin["clusters"][0]["cluster"]
+    token = kubectl("create", "token", "router", "-n", namespace, "--duration", "1h").strip()
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "router",
+                "clusters": [{"name": "e2e", "cluster": cluster}],
+                "users": [{"name": "router", "user": {"token": token}}],
+                "contexts": [
+                    {
+                        "name": "router",
+                        "context": {"cluster": "e2e", "user": "router", "namespace": namespace},
+                    }
+                ],
+            }
+        )
+    )
+
+
 class RouterFleet:
     def __init__(self, namespace: str, daemon: Daemon) -> None:
         self.namespace = namespace
@@ -92,16 +155,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterFleet]:
             "create", "secret", "generic", "daemon-token", "-n", namespace,
             f"--from-literal=token={TOKEN}",
         )  # fmt: skip
-        apply(fleet.node("a"))
-        fleet.router = start_router(
-            "--from-cluster", "--namespace", namespace, "--health-interval", "0.5"
-        )
+        apply(fleet.node("a"), *router_rbac(namespace))
+        kubeconfig = workdir / "kubeconfig-router"
+        service_account_kubeconfig(namespace, kubeconfig)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("KUBECONFIG", str(kubeconfig))
+            fleet.router = start_router(
+                "--from-cluster", "--namespace", namespace, "--health-interval", "0.5"
+            )
         yield fleet
     finally:
         if fleet.router is not None:
             fleet.router.stop()
             print(f"e2e: router log at {fleet.router.log_path}")
         kubectl("delete", "warmnodes", "-l", f"warmfleet.io/e2e={namespace}", check=False)
+        kubectl("delete", "clusterrole,clusterrolebinding", f"{namespace}-router", check=False)
         kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         daemon.stop()
 
@@ -148,3 +216,6 @@ def test_router_follows_warmnodes_created_changed_and_deleted(
     seconds = within(lambda: "b" not in fleet.backends(), 5.0, "node b gone from the router")
     report(record_property, "router drops a deleted WarmNode", seconds)
     assert set(fleet.backends()) == {"a", "c"}
+    assert fleet.router is not None
+    log = fleet.router.log()
+    assert "403" not in log and "Forbidden" not in log and "Traceback" not in log, log
