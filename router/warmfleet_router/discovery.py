@@ -181,6 +181,7 @@ class ClusterSource:
                 while True:  # until the stream breaks or the version expires
                     # Spread the watches' ends, as client-go does.
                     timeout = self._watch_timeout * random.uniform(0.8, 1.0)
+                    began = asyncio.get_running_loop().time()
                     async for event in self._kube.watch(NODES, version, timeout):
                         version = _version(event) or version
                         if event.get("type") == "BOOKMARK":
@@ -192,7 +193,10 @@ class ClusterSource:
                             nodes[_name(obj)] = obj
                         changed.set()
                         delay = self._backoff[0]
-                    # The server ended the watch (its timeout): resume where it stopped.
+                    # The server ended the watch (its timeout): resume where it stopped;
+                    # not in a tight loop if it ends them at once.
+                    if asyncio.get_running_loop().time() - began < 1.0:
+                        await asyncio.sleep(1.0)
             except WatchExpired as exc:
                 log.info("WarmNodes watch: %s; listing again", exc)
             except (httpx.HTTPError, WatchFailed, ValueError, KeyError, TypeError) as exc:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -109,6 +109,28 @@ async def _attempt(
                 plan, backend, reason, outcome=outcome, usage=usage, first_byte=first_byte
             )
 
+    try:
+        return await _exchange(fleet, plan, backend, reason, path, raw, headers, finish)
+    except BaseException:
+        # The client went away before the response began (or anything unforeseen): the
+        # request must not stay counted in flight.
+        finish("cancelled", None, None)
+        raise
+
+
+Finish = Callable[[str, Mapping[str, Any] | None, float | None], None]
+
+
+async def _exchange(
+    fleet: Fleet,
+    plan: Plan,
+    backend: Backend,
+    reason: Reason,
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    finish: Finish,
+) -> Response:
     request = fleet.client.build_request(
         "POST",
         f"{backend.url}{path}",
@@ -140,6 +162,9 @@ async def _attempt(
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+    except BaseException:
+        await upstream.aclose()
+        raise
     first_byte = time.monotonic() - plan.started
     fleet.prefilled(plan, backend)
 

@@ -5,6 +5,7 @@ answers it. Fake backends over httpx.MockTransport; exact choices asserted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,6 +32,7 @@ class Backends:
         self.models: dict[str, list[str] | None] = {
             "llama": ["llama-3"],
             "qwen": ["qwen-2"],
+            "stuck": ["llama-3"],
         }
         self.aliases: dict[str, list[str] | None] = {
             "llama": ["default", "llama-3", "/models/llama.gguf"],
@@ -39,8 +41,10 @@ class Backends:
         self.ready: dict[str, bool] = {}
         self.chats: list[str] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx.Request) -> Any:
         host, path = request.url.host, request.url.path
+        if host == "stuck" and path == "/v1/chat/completions":
+            return asyncio.Event().wait()  # never answers (MockTransport awaits it)
         if path == "/readyz":
             ok = self.ready.get(host, True)
             return httpx.Response(200 if ok else 503, json={"status": "ready" if ok else "x"})
@@ -191,3 +195,26 @@ async def test_predictions_for_backends_without_events_are_labelled_history(
     assert len(samples) == 1
     assert 'warmfleet_prediction_source="history"' in samples[0]
     assert 'warmfleet_prediction="exact"' in samples[0]
+
+
+async def test_a_client_gone_before_the_response_leaves_nothing_in_flight(
+    fleet: Fleet,
+) -> None:
+    await start(fleet, "stuck")
+    raw = json.dumps(chat("llama-3")).encode()
+    task = asyncio.create_task(
+        forward(fleet, "/v1/chat/completions", "chat", raw, chat("llama-3"), {})
+    )
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if fleet.backends["stuck"].in_flight:
+            break
+    assert fleet.backends["stuck"].in_flight == 1
+    task.cancel()  # as Starlette does when the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fleet.backends["stuck"].in_flight == 0
+    assert fleet.decisions[-1]["outcome"] == "cancelled"
+    # Nothing is left in prefill there: the same request again does not contend with it.
+    plan = await fleet.plan("chat", chat("llama-3"), {})
+    assert not fleet.index.take_off("stuck", plan.blocks["stuck"]).contended
