@@ -226,3 +226,41 @@ async def test_bad_sources_are_refused_clearly(tmp_path: Path) -> None:
         StaticSource(["mac-mini:8000"], None)
     with pytest.raises(ValueError, match="not a directory"):
         FolderSource(tmp_path / "missing")
+
+
+class BookmarkKube(FlakyKube):
+    """Ends its first watch after a BOOKMARK: the next watch resumes from the bookmark's
+    version, without listing again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.versions: list[str] = []
+
+    async def list_versioned(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        self.lists.append(asyncio.get_running_loop().time())
+        return list(self.nodes.values()), "10"
+
+    async def watch(self, path: str, version: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
+        self.versions.append(version)
+        if len(self.versions) == 1:
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "42"}}}
+            return
+        await asyncio.sleep(0.1)
+        added = node("mac-2", 9002)
+        added["metadata"]["resourceVersion"] = "43"
+        yield {"type": "ADDED", "object": added}
+        await asyncio.Event().wait()
+
+
+async def test_cluster_source_resumes_from_a_bookmark(api: Api) -> None:
+    source = ClusterSource()
+    kube = BookmarkKube()
+    source._kube = kube  # type: ignore[assignment]
+    changes = source.changes()
+    try:
+        assert [n[0] for n in await next_change(changes)] == ["mac-1"]
+        assert [n[0] for n in await next_change(changes, 3.0)] == ["mac-1", "mac-2"]
+        assert kube.versions == ["10", "42"] and len(kube.lists) == 1
+    finally:
+        await changes.aclose()
+        await source.close()
