@@ -368,7 +368,8 @@ class DecisionLog:
     def __init__(self, url: str) -> None:
         import threading
 
-        self.url, self.seen = url, {}  # type: ignore[var-annotated]
+        self.url = url
+        self.seen: dict[tuple[float, str], dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
