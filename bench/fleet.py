@@ -216,7 +216,10 @@ def router_predictions(router: Proc) -> Counter[str]:
     for family in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text):
         for s in family.samples:
             if s.name == "warmfleet_router_predictions_total":
-                out[s.labels["warmfleet_prediction"]] += int(s.value)
+                # Only event-backed predictions measure the index; history guesses apart.
+                source = s.labels.get("warmfleet_prediction_source")
+                prefix = "" if source == "events" else f"{source}:"
+                out[prefix + s.labels["warmfleet_prediction"]] += int(s.value)
     return out
 
 
@@ -334,19 +337,67 @@ def run_policy(
                 last_seen.update(counters([victim]))  # what it did until now
                 victim.process.kill()
 
+        watcher = DecisionLog(router.url) if args.mispredictions else None
         t0 = time.perf_counter()
         result = asyncio.run(
             drive(
-                router.url, load, args.concurrency, args.max_tokens, policy == "session", on_request
+                router.url,
+                load,
+                args.concurrency,
+                args.max_tokens,
+                policy == "session",
+                on_request,
+                args.think,
             )
         )
         wall = time.perf_counter() - t0
+        if watcher is not None:
+            watcher.stop(args.mispredictions, policy)
         hits, queried = deltas(before, {**last_seen, **counters(daemons)})
         predictions = router_predictions(router)
     finally:
         router.stop()
     name = policy + (" (one daemon killed)" if kill else "")
     return summary(name, result, wall, hits, queried, predictions, len(daemons))
+
+
+class DecisionLog:
+    """Every decision the router reports (its status keeps the last 100: read often),
+    for `--mispredictions`: those whose predicted cached tokens were not the actual."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url = url
+        self.seen: dict[tuple[float, str], dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._read()
+            self._stop.wait(0.2)
+
+    def _read(self) -> None:
+        try:
+            decisions = httpx.get(f"{self.url}/v1/router/status", timeout=10).json()["decisions"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return
+        for d in decisions:
+            self.seen[(d["time"], d["backend"])] = d
+
+    def stop(self, path: Path, policy: str) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
+        judged = [d for d in self.seen.values() if d.get("predicted_cached_tokens") is not None]
+        wrong = sorted(
+            (d for d in judged if d["predicted_cached_tokens"] != d["cached_tokens"]),
+            key=lambda d: d["time"],
+        )
+        print(f"{policy}: {len(wrong)} of {len(judged)} predictions off (see {path})")
+        path.write_text(json.dumps(wrong, indent=2))
 
 
 def run_single(load: Workload, args: argparse.Namespace) -> dict[str, Any]:
@@ -379,7 +430,7 @@ def summary(
     ttft = sorted(result.ttft)
     per_backend = [result.backends.get(k, 0) for k in result.backends] or [0]
     mean = sum(per_backend) / max(1, daemons)
-    judged = sum(predictions.values())
+    judged = sum(predictions[k] for k in ("exact", "over", "under"))
     return {
         "run": name,
         "requests": result.requests,
@@ -389,6 +440,7 @@ def summary(
         "max_over_mean": max(per_backend) / mean if mean else None,
         "per_backend": dict(result.backends),
         "exact_predictions": predictions["exact"] / judged if judged else None,
+        "predictions": dict(predictions),
         "failed_before_first_byte": result.failed_before_first_byte,
         "failed_after_first_byte": result.failed_after_first_byte,
         "wall_s": wall,
@@ -433,6 +485,9 @@ def main() -> int:
     p.add_argument("--kill-one", action="store_true", help="also: prefix with a daemon killed")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--json", type=Path, help="write the rows here too")
+    p.add_argument(
+        "--mispredictions", type=Path, help="write the decisions whose prediction was off here"
+    )
     args = p.parse_args()
     load = workload(args.sessions, args.turns)
     rows = []
@@ -457,6 +512,9 @@ def main() -> int:
         f"{args.think:g} s between turns, agents {'not ' if args.no_warm else ''}warmed:\n"
     )
     print(table(rows))
+    for r in rows:  # what the exact-prediction column leaves out, and why
+        if r.get("predictions"):
+            print(f"{r['run']}: predictions by source and result: {r['predictions']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

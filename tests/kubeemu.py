@@ -4,11 +4,13 @@ for tests that drive the operator through it."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import datetime
 import itertools
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,12 @@ import jsonpatch
 import jsonschema
 import kmock
 import yaml
+from kmock._internal import aiobus  # the bus kmock's watches read: recorded for resumed watches
 
 CRDS = Path(__file__).resolve().parents[1] / "crds"
 MAX_ANNOTATIONS_BYTES = 262_144  # kube-apiserver: metadata.annotations in total
 MAX_OBJECT_BYTES = 1_572_864  # etcd's default --max-request-bytes (1.5 MiB)
+WATCH_HISTORY = 1000  # events kept per resource for watches resumed from a resourceVersion
 
 ALL_VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
 RESOURCES = {
@@ -63,7 +67,14 @@ class Emulator(kmock.KubernetesEmulator):
     status subresource (writes to the object ignore status, writes to /status change
     only status), annotations over 256 KiB refused (422) and objects over etcd's
     1.5 MiB refused (413). (kmock itself keeps an object with finalizers until they
-    are removed: a delete only sets deletionTimestamp.) CEL rules are not evaluated."""
+    are removed: a delete only sets deletionTimestamp.) CEL rules are not evaluated.
+
+    Lists and watches follow resourceVersions as kube-apiserver's watch cache does: a
+    LIST carries the current resourceVersion; a watch from a resourceVersion replays
+    the events after it (every event carries a new one, deletions too), or, when that
+    history is gone (`compact()`, or more than WATCH_HISTORY events since), sends one
+    ERROR event with a 410 Expired Status; a watch without one (or "0") starts with
+    ADDED for every object; `timeoutSeconds` ends the stream."""
 
     schemas: dict[str, dict[str, Any]] = crd_schemas()
 
@@ -72,6 +83,90 @@ class Emulator(kmock.KubernetesEmulator):
     # kmock logs every request and matches each new one against its reactions by scanning
     # that whole log (O(n) per request); nothing here reads the log, so keep it short.
     keep_requests: int | None = 10
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # resource -> (resourceVersion, event) after the last compaction, oldest first
+        self._history: dict[Any, collections.deque[tuple[int, dict[str, Any]]]] = {}
+        self._expired: dict[Any, int] = {}  # resource -> newest resourceVersion forgotten
+        self._compacted = 0  # etcd's compaction: no watch resumes from before this version
+        self._last_version = 0
+        self.expired_watches = 0  # watches answered with 410 Expired
+        self._buses = _RecordingBuses(self._record)
+
+    def _record(self, resource: Any, event: Any) -> Any:
+        """Called (under kmock's lock) for each event kmock publishes: give it the
+        resourceVersion kube-apiserver would (a new one for a deletion) and keep it."""
+        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+            return event
+        event = {**event, "object": copy.deepcopy(event["object"])}
+        meta = _meta(event["object"])
+        try:
+            version = int(meta.get("resourceVersion") or 0)
+        except ValueError:
+            version = 0
+        if version <= self._last_version:
+            version = next(self._versions)
+            meta["resourceVersion"] = str(version)
+        self._last_version = version
+        history = self._history.setdefault(resource, collections.deque())
+        history.append((version, event))
+        while len(history) > WATCH_HISTORY:
+            self._expired[resource] = history.popleft()[0]
+        return event
+
+    def compact(self) -> None:
+        """Forget every event so far (etcd's compaction, for every resource): watches
+        resumed from an older resourceVersion get 410 Expired and must list again."""
+        self._compacted = next(self._versions)
+        for history in self._history.values():
+            history.clear()
+
+    async def _serve_list(self, request: Any) -> Any:
+        version = next(self._versions)  # every change recorded so far is in the items
+        payload = await super()._serve_list(request)
+        if isinstance(payload, dict):
+            payload["metadata"] = {"resourceVersion": str(version)}
+        return payload
+
+    async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
+        since = str(request.params.get("resourceVersion") or "")
+        timeout = request.params.get("timeoutSeconds")
+        deadline = None
+        if timeout:
+            deadline = asyncio.get_running_loop().time() + float(timeout)
+        if since in ("", "0"):  # "any": the current objects as ADDED, then changes
+            async for item in _until(super()._serve_watch(request), deadline):
+                yield item
+            return
+        yield b""  # the headers go out at once, as kmock's own watch does
+        if not since.isdigit():
+            yield _status_event(400, "BadRequest", f"invalid resourceVersion {since!r}")
+            return
+        bus = self._buses[request.resource]
+        async with self._lock:  # the same lock kmock publishes under: nothing falls between
+            expired = max(self._compacted, self._expired.get(request.resource, 0))
+            if int(since) < expired:
+                backlog = None
+            else:
+                backlog = [
+                    e
+                    for v, e in self._history.get(request.resource, ())
+                    if v > int(since) and _watched(request, e)
+                ]
+                marker = await bus.mark()
+        if backlog is None:
+            self.expired_watches += 1
+            yield _status_event(410, "Expired", f"too old resource version: {since}")
+            return
+        try:
+            for event in backlog:
+                yield event
+            live = (e async for e in bus.stream(since=marker) if _watched(request, e))
+            async for event in _until(live, deadline):
+                yield event
+        finally:
+            await bus.unmark(marker)
 
     async def _handle(self, request: Any) -> Any:
         self.served += 1
@@ -99,6 +194,14 @@ class Emulator(kmock.KubernetesEmulator):
                 request.data.append(
                     {"op": "add", "path": "/metadata/resourceVersion", "value": version}
                 )
+        elif request.action == kmock.action.DELETE and request.name is not None:
+            # A delete held by finalizers is a write (deletionTimestamp): a new version on
+            # the stored object too, or kopf's optimistic patches against it would fail.
+            key = (request.resource, request.namespace, request.name)
+            stored = self._objects[key] if key in self._objects else None  # noqa: SIM401
+            meta = {} if stored is None or stored.deleted else _meta(copy.deepcopy(stored.raw))
+            if meta.get("finalizers") and not meta.get("deletionTimestamp"):
+                stored.patch({"metadata": {"resourceVersion": str(next(self._versions))}})
         try:
             if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
                 self._admit(request)
@@ -161,6 +264,69 @@ class Emulator(kmock.KubernetesEmulator):
         if isinstance(payload, dict) and payload.get("groupVersion", "").startswith("/"):
             payload["groupVersion"] = payload["groupVersion"][1:]
         return payload
+
+
+class _RecordingBus(aiobus.Bus[Any]):
+    """kmock's per-resource event bus, each event first given to `record`."""
+
+    record: Callable[[Any], Any]
+
+    async def put(self, *items: Any) -> None:
+        await super().put(*(self.record(item) for item in items))
+
+
+class _RecordingBuses(dict[Any, _RecordingBus]):
+    def __init__(self, record: Callable[[Any, Any], Any]) -> None:
+        super().__init__()
+        self._record = record
+
+    def __missing__(self, resource: Any) -> _RecordingBus:
+        bus = _RecordingBus()
+        bus.record = lambda event: self._record(resource, event)
+        self[resource] = bus
+        return bus
+
+
+def _watched(request: Any, event: Any) -> bool:
+    """Whether a watch of this request's namespace and name sees this event."""
+    meta = (event.get("object") or {}).get("metadata") or {} if isinstance(event, dict) else {}
+    return (request.namespace is None or meta.get("namespace") == request.namespace) and (
+        request.name is None or meta.get("name") == request.name
+    )
+
+
+def _status_event(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A watch's ERROR event, as kube-apiserver sends it (a Status object)."""
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    return {
+        "type": "ERROR",
+        "object": {**status, "message": message, "reason": reason, "code": code},
+    }
+
+
+async def _until(items: AsyncIterator[Any], deadline: float | None) -> AsyncIterator[Any]:
+    """`items` until `deadline` (the loop's clock), as `timeoutSeconds` ends a watch."""
+    iterator = aiter(items)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            if deadline is None:
+                item = await anext(iterator)
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                try:
+                    item = await asyncio.wait_for(anext(iterator), remaining)
+                except asyncio.TimeoutError:
+                    return
+            yield item
+    except StopAsyncIteration:
+        return
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:

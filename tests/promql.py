@@ -80,6 +80,7 @@ LABELS = {
     # the router's
     "warmfleet_route_reason",
     "warmfleet_prediction",
+    "warmfleet_prediction_source",
     "warmfleet_outcome",
     "warmfleet_index_mode",
 }

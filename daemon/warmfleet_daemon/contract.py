@@ -172,6 +172,9 @@ class WarmPromptStatus(BaseModel):
     duration_s: float | None = None
     error: str | None = None
     warmed_at: float | None = None  # unix time
+    # Hex keys of the prefix's cache blocks, in order: what a router counts as held by
+    # every daemon where the prompt is warm and pinned.
+    blocks: list[str] = Field(default_factory=list)
 
 
 class WarmSetStatus(BaseModel):

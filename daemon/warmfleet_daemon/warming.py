@@ -87,6 +87,7 @@ class _Prompt:
             duration_s=self.duration_s,
             error=self.error,
             warmed_at=self.warmed_at,
+            blocks=[key.hex() for key in self.keys],
         )
 
 

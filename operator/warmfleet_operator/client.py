@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import random
@@ -13,7 +14,7 @@ import shutil
 import ssl
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import httpx
@@ -42,6 +43,14 @@ class DaemonError(Exception):
     def auth(self) -> bool:
         """The daemon refused our admin token, or we have none to send."""
         return self.status in (401, 403)
+
+
+class WatchExpired(Exception):
+    """A watch's resourceVersion is gone from the server's history: list again."""
+
+
+class WatchFailed(Exception):
+    """The server ended a watch with an error event other than 410."""
 
 
 class TokenSource(Protocol):
@@ -227,6 +236,46 @@ class KubeClient:
         r = await self._require().get(path)
         r.raise_for_status()
         return list(r.json().get("items") or [])
+
+    async def list_versioned(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        """The items of a LIST and its resourceVersion (where a watch of it starts)."""
+        r = await self._require().get(path)
+        r.raise_for_status()
+        body = r.json()
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return list(body.get("items") or []), version
+
+    async def watch(
+        self, path: str, resource_version: str, timeout_seconds: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch from `resource_version` (ADDED, MODIFIED, DELETED,
+        BOOKMARK) until the server ends it after `timeout_seconds`. Raises WatchExpired
+        when that version is too old to resume from (list again), httpx errors when
+        the stream breaks."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(max(1, round(timeout_seconds))),
+        }
+        # The server ends the stream itself; a silent dead connection must not hang us.
+        timeout = httpx.Timeout(10.0, read=timeout_seconds + 30.0)
+        async with self._require().stream("GET", path, params=params, timeout=timeout) as r:
+            if r.status_code == 410:
+                raise WatchExpired(f"{path} at {resource_version}: 410 Gone")
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise ValueError(f"watch {path}: not an event: {line[:200]}")
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    if status.get("code") == 410:
+                        raise WatchExpired(f"{path} at {resource_version}: {status.get('message')}")
+                    raise WatchFailed(f"{path}: {status.get('code')} {status.get('message')}")
+                yield event
 
     async def close(self) -> None:
         if self._http is not None:

@@ -23,6 +23,7 @@ from warmfleet_router.proxy import error_body, forward
 
 log = logging.getLogger(__name__)
 
+DISCOVERY_WAIT = 10.0  # seconds the router waits at start for its first backend list
 MAX_REQUEST_BYTES = 8 << 20  # the daemons' default limit: larger bodies would fail there
 
 
@@ -36,16 +37,16 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
             metrics = RouterMetrics()
             fleet = Fleet(options, client, metrics)
             holder["fleet"] = fleet
-            stop = asyncio.Event()
-            await fleet.refresh(source)
-            follower = asyncio.create_task(fleet.follow(source, stop))
+            follower = asyncio.create_task(fleet.follow(source), name="discovery")
+            # Start with the backends known (an API server down at start: none yet).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fleet.discovered.wait()), DISCOVERY_WAIT)
             await fleet.first_checks()
             try:
                 yield
             finally:
-                stop.set()
                 follower.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await follower
                 await fleet.close()
                 await source.close()

@@ -32,6 +32,9 @@ class Backend:
     seq: int = 0
     fingerprint: str | None = None  # of the daemon's cache layout
     model: str | None = None  # what its layout says it serves
+    # The model names it answers to (its /v1/models ids and, for a warmfleet daemon, the
+    # aliases its /v1/status lists); None: unknown (not read yet, or it lists none).
+    models: frozenset[str] | None = None
     resyncs: int = 0
     warm_sets: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
@@ -51,6 +54,10 @@ class Backend:
     def usable(self) -> bool:
         """Gets new requests: ready by its last health check and since no failure."""
         return self.health == "ready"
+
+    def serves(self, model: str) -> bool | None:
+        """Whether it answers to `model` (None: it has not said)."""
+        return None if self.models is None else model in self.models
 
     def admin_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}

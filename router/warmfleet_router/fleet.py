@@ -17,7 +17,7 @@ import httpx
 from warmfleet_daemon.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
-from warmfleet_router.index import BlockIndex
+from warmfleet_router.index import BlockIndex, Flight
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
@@ -45,6 +45,18 @@ class RouterOptions:
     sync: SyncOptions = field(default_factory=SyncOptions)
 
 
+class Unroutable(Exception):
+    """No backend can take this request: the OpenAI-style error to answer with."""
+
+    def __init__(
+        self, status: int, message: str, code: str, type_: str, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.type, self.param = (
+            status, message, code, type_, param
+        )  # fmt: skip
+
+
 @dataclass
 class Plan:
     decision: Decision
@@ -52,6 +64,11 @@ class Plan:
     affinity: str | None
     started: float  # the request's arrival, before it was tokenized
     predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
+    # What each prediction rests on: "events" (the daemon's cache events), "contended"
+    # (events, but a request in flight there shares blocks not stored yet), "history"
+    # (the router's own routing, and warm sets), "resyncing" (nothing yet).
+    sources: dict[str, str] = field(default_factory=dict)
+    flights: dict[str, Flight] = field(default_factory=dict)  # per backend tried
 
 
 class Fleet:
@@ -69,6 +86,7 @@ class Fleet:
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._turn = 0
+        self.discovered = asyncio.Event()  # the source's first backend list is applied
         metrics.observe(lambda: list(self.backends.values()), self.index.size)
 
     # -- membership ---------------------------------------------------------------
@@ -103,20 +121,16 @@ class Fleet:
         self.backends.pop(name)
         await sync.stop()
 
-    async def refresh(self, source: Source) -> None:
+    async def follow(self, source: Source) -> None:
+        """Apply the source's backend lists as they change (until cancelled); `discovered`
+        is set once the first one is applied."""
         try:
-            await self.apply(await source.specs())
-        except Exception as exc:  # a bad folder or an API hiccup: keep what we have
-            log.warning("backend discovery failed: %s", exc)
-
-    async def follow(self, source: Source, stop: asyncio.Event) -> None:
-        """Read a changing source again every interval until `stop`."""
-        while source.interval:
-            try:
-                await asyncio.wait_for(stop.wait(), source.interval)
-                return
-            except asyncio.TimeoutError:
-                await self.refresh(source)
+            async for specs in source.changes():
+                await self.apply(specs)
+                self.discovered.set()
+        except Exception:
+            log.exception("backend discovery stopped; the backends stay as they are")
+            raise
 
     async def first_checks(self, timeout: float = 5.0) -> None:
         await asyncio.gather(*(s.first_check(timeout) for s in self._syncs.values()))
@@ -149,7 +163,7 @@ class Fleet:
             self._keyers[layout.fingerprint] = keyer
 
     def _keyer_of(self, backend: Backend) -> Keyer:
-        if backend.index_mode != "history" and backend.fingerprint in self._keyers:
+        if backend.fingerprint in self._keyers:  # its own layout (also without events)
             return self._keyers[backend.fingerprint]
         # History estimates use the keys of any known layout (same model, same tokens),
         # else message keys.
@@ -168,12 +182,15 @@ class Fleet:
         headers: Mapping[str, str],
         *,
         exclude: frozenset[str] = frozenset(),
-    ) -> Plan | None:
-        """The decision for one request (None: no backend is ready)."""
+    ) -> Plan:
+        """The decision for one request; Unroutable when no ready backend serves it."""
         arrived = time.monotonic()
         backends = [b for b in self.usable() if b.name not in exclude]
+        model = body.get("model") if body is not None else None
+        if isinstance(model, str):
+            backends = self._serving(model, backends)
         if not backends:
-            return None
+            raise Unroutable(503, "no backend is ready", "no_backend", "service_unavailable")
         affinity = next((headers[h] for h in AFFINITY_HEADERS if headers.get(h)), None)
         blocks: dict[str, RequestBlocks] = {}
         by_keyer: dict[int, RequestBlocks] = {}
@@ -202,11 +219,44 @@ class Fleet:
             turn=self._turn,
         )
         predicted = {c.name: c.cached_tokens for c in candidates}
-        return Plan(decision, blocks, affinity, arrived, predicted)
+        sources = {b.name: _source(b) for b in backends}
+        return Plan(decision, blocks, affinity, arrived, predicted, sources)
+
+    def _serving(self, model: str, backends: list[Backend]) -> list[Backend]:
+        """The backends that answer to `model`; those that have not said which models
+        they serve only when none has said it serves this one."""
+        serving = [b for b in backends if b.serves(model)]
+        if serving:
+            return serving
+        unknown = [b for b in backends if b.serves(model) is None]
+        if unknown:
+            return unknown
+        if any(b.serves(model) for b in self.backends.values()):
+            raise Unroutable(
+                503, f"no backend serving `{model}` is ready", "no_backend", "service_unavailable"
+            )
+        if backends:  # as a daemon answers an unknown model
+            raise Unroutable(
+                404,
+                f"The model `{model}` does not exist.",
+                "model_not_found",
+                "not_found_error",
+                "model",
+            )
+        return []
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
         backend.requests += 1
+        plan.flights[backend.name] = self.index.take_off(
+            backend.name, plan.blocks.get(backend.name, EMPTY)
+        )
+
+    def prefilled(self, plan: Plan, backend: Backend) -> None:
+        """Its first output arrived: the daemon has computed (and stored) its prompt."""
+        flight = plan.flights.get(backend.name)
+        if flight is not None:
+            self.index.land(flight)
 
     def finished(
         self,
@@ -220,6 +270,9 @@ class Fleet:
     ) -> None:
         """A request left `backend` (any outcome): counters, index history, sessions."""
         backend.in_flight = max(0, backend.in_flight - 1)
+        flight = plan.flights.get(backend.name)
+        if flight is not None:
+            self.index.land(flight)
         predicted = self.index_prediction(plan, backend, reason)
         prompt_tokens = cached = None
         if usage:
@@ -233,17 +286,22 @@ class Fleet:
                 self._sessions.move_to_end(plan.affinity)
                 while len(self._sessions) > MAX_SESSIONS:
                     self._sessions.popitem(last=False)
+        source = plan.sources.get(backend.name, _source(backend))
+        if source == "events" and flight is not None and flight.contended:
+            source = "contended"
         self.metrics.request_finished(
-            backend, reason, outcome, predicted, prompt_tokens, cached, first_byte
+            backend, reason, outcome, predicted, source, prompt_tokens, cached, first_byte
         )
         self.decisions.append(
             {
                 "time": time.time(),
+                "arrived": time.time() - (time.monotonic() - plan.started),
                 "backend": backend.name,
                 "reason": reason,
                 "outcome": outcome,
                 "session": plan.affinity,
                 "predicted_cached_tokens": predicted,
+                "prediction_source": source if predicted is not None else None,
                 "cached_tokens": cached,
                 "prompt_tokens": prompt_tokens,
             }
@@ -281,6 +339,7 @@ class Fleet:
                         "resyncs": b.resyncs,
                         "layout": b.fingerprint,
                     },
+                    "models": sorted(b.models) if b.models is not None else None,
                     "warm_sets": b.warm_sets,
                     "last_error": b.last_error,
                 }
@@ -289,3 +348,8 @@ class Fleet:
             "sessions": len(self._sessions),
             "decisions": list(self.decisions)[::-1],
         }
+
+
+def _source(backend: Backend) -> str:
+    """What the index's prediction for this backend rests on right now."""
+    return {"following": "events", "history": "history"}.get(backend.index_mode, "resyncing")

@@ -3,8 +3,10 @@
 Precise entries come from a daemon's cache events (a snapshot, then stored / evicted /
 cleared in sequence order); backends without events get an estimate from the router's
 own history (the blocks of requests it sent there, least recently routed forgotten
-first). A prediction is what the daemon's engine would reuse: the longest run of the
-request's blocks from the first, where the request's final block only counts when it
+first). For those, the blocks of the warm sets a backend pins (its admin
+`/v1/warm-sets`) count as held too (with events, the events already say so). A
+prediction is what the daemon's engine would reuse: the longest run of the request's
+blocks from the first, where the request's final block only counts when it
 holds its logits (the engine needs them to sample the first token).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from warmfleet_daemon.chunking import BlockKey
 from warmfleet_router.keys import RequestBlocks
@@ -19,10 +22,22 @@ from warmfleet_router.keys import RequestBlocks
 DEFAULT_HISTORY_BLOCKS = 200_000
 
 
+@dataclass(eq=False)
+class Flight:
+    """One request in prefill on a backend (see BlockIndex.take_off)."""
+
+    backend: str
+    keys: frozenset[BlockKey]
+    first_unheld: BlockKey | None  # its first block the index did not hold when it left
+    contended: bool = False
+
+
 class BlockIndex:
     def __init__(self, history_blocks: int = DEFAULT_HISTORY_BLOCKS) -> None:
         self._precise: dict[str, dict[BlockKey, bool]] = {}  # backend -> key -> logits
         self._history: dict[str, OrderedDict[BlockKey, None]] = {}
+        self._pinned: dict[str, frozenset[BlockKey]] = {}  # warm, pinned prompts' blocks
+        self._flights: dict[str, list[Flight]] = {}  # requests in prefill, per backend
         self._history_blocks = history_blocks
 
     # -- precise: a daemon's cache events ---------------------------------------
@@ -54,30 +69,75 @@ class BlockIndex:
         while len(seen) > self._history_blocks:
             seen.popitem(last=False)
 
-    # -- both ---------------------------------------------------------------------
+    # -- warm sets: what a backend pins -----------------------------------------
 
-    def forget(self, backend: str) -> None:
-        """Nothing is known about this backend any more (gone, restarted, resyncing)."""
+    def set_pinned(self, backend: str, keys: Iterable[BlockKey]) -> None:
+        """The blocks of every warm prompt of a pinned set on this backend (replaces)."""
+        self._pinned[backend] = frozenset(keys)
+
+    # -- requests in prefill: blocks a backend may be computing right now ----------
+
+    def take_off(self, backend: str, blocks: RequestBlocks) -> Flight:
+        """A request sent to `backend`, until its prefill is done (`land`). Two requests
+        there at once that could share a block neither's prediction counted contend:
+        the daemon computes such a block once, and which of the two then reuses it is
+        up to its prefill scheduler, so both predictions can be off by those blocks
+        (either way) through no fault of the index."""
+        precise = self._precise.get(backend)
+        held: dict[BlockKey, bool] | OrderedDict[BlockKey, None]
+        held = precise if precise is not None else self._history.get(backend, OrderedDict())
+        pinned = self._pinned.get(backend, frozenset()) if precise is None else frozenset()
+        first = next((k for k in blocks.keys if k not in held and k not in pinned), None)
+        flight = Flight(backend, frozenset(blocks.keys), first)
+        flights = self._flights.setdefault(backend, [])
+        for other in flights:
+            if (first is not None and first in other.keys) or (
+                other.first_unheld is not None and other.first_unheld in flight.keys
+            ):
+                other.contended = flight.contended = True
+        flights.append(flight)
+        return flight
+
+    def land(self, flight: Flight) -> None:
+        flights = self._flights.get(flight.backend, [])
+        if flight in flights:
+            flights.remove(flight)
+
+    # -- all ----------------------------------------------------------------------
+
+    def forget(self, backend: str, *, keep_pinned: bool = False) -> None:
+        """Nothing is known about this backend any more (gone, restarted, resyncing);
+        `keep_pinned`: except its warm sets (they are read on their own)."""
         self._precise.pop(backend, None)
         self._history.pop(backend, None)
+        if not keep_pinned:
+            self._pinned.pop(backend, None)
 
     def predict(self, backend: str, blocks: RequestBlocks) -> int:
         """Prompt tokens this backend would serve from its cache."""
         precise = self._precise.get(backend)
-        held: dict[BlockKey, bool] | OrderedDict[BlockKey, None] | None
-        held = precise if precise is not None else self._history.get(backend)
-        if not held:
-            return 0
+        held: dict[BlockKey, bool] | OrderedDict[BlockKey, None]
+        held = precise if precise is not None else self._history.get(backend, OrderedDict())
+        # Events already say what is pinned, and when a clear dropped it: the warm sets'
+        # blocks fill in only for backends without them.
+        pinned = self._pinned.get(backend, frozenset()) if precise is None else frozenset()
         run = 0
         for key in blocks.keys:
-            if key not in held:
+            if key not in held and key not in pinned:
                 break
             run += 1
-        if run and run == len(blocks.keys) and precise is not None and not precise[blocks.keys[-1]]:
-            run -= 1
+        if run and run == len(blocks.keys):
+            # The engine needs the final block's logits: events say whether it has them;
+            # a warm prefix is a strict prefix of its requests, so its blocks have none.
+            last = blocks.keys[-1]
+            if (precise is not None and not precise.get(last, False)) or last not in held:
+                run -= 1
         return blocks.ends[run - 1] if run else 0
 
     def size(self, backend: str) -> int:
-        if backend in self._precise:
-            return len(self._precise[backend])
-        return len(self._history.get(backend, ()))
+        """Blocks known on this backend (events or history, and its warm sets')."""
+        precise = self._precise.get(backend)
+        if precise is not None:
+            return len(precise)
+        held = self._history.get(backend, OrderedDict())
+        return len(held) + sum(key not in held for key in self._pinned.get(backend, ()))

@@ -4,7 +4,12 @@ Prometheus pull on `/metrics`, OTLP push when `OTEL_EXPORTER_OTLP_ENDPOINT` is s
 Per backend (labelled like the daemons' own series: `warmfleet.daemon` is the backend's
 name, `gen_ai.request.model` the model its layout names) and decision reason: requests;
 prompt, cached and predicted cached tokens (fleet hit rate = rate(cached) / rate(prompt),
-token-weighted; index accuracy = the share of requests whose prediction was exact);
+token-weighted; index accuracy = the share of requests whose prediction was exact, by
+what the prediction rested on, `warmfleet.prediction.source`: `events` (a daemon's
+cache events: the accuracy that matters), `contended` (events, but another request in
+flight on that daemon shares blocks it has not stored yet: which of the two reuses them
+is the daemon's scheduling), `history` (guesses for backends without events),
+`resyncing`);
 in-flight requests, health and index size as gauges; failovers and index resyncs as
 counters; time to first byte as seen by the router. Exported names: dots become
 underscores, counters get `_total`.
@@ -144,6 +149,7 @@ class RouterMetrics:
         reason: str,
         outcome: str,
         predicted: int | None,
+        source: str,
         prompt_tokens: int | None,
         cached: int | None,
         first_byte: float | None,
@@ -158,11 +164,12 @@ class RouterMetrics:
             self._prompt.add(prompt_tokens, {**base, "warmfleet.route.reason": reason})
             self._cached.add(cached, {**base, "warmfleet.route.reason": reason})
             if predicted is not None:
-                self._predicted.add(predicted, base)
+                judged = {**base, "warmfleet.prediction.source": source}
+                self._predicted.add(predicted, judged)
                 result = "exact" if predicted == cached else "over"
                 if predicted < cached:
                     result = "under"
-                self._predictions.add(1, {**base, "warmfleet.prediction": result})
+                self._predictions.add(1, {**judged, "warmfleet.prediction": result})
 
     def failover(self, backend: Backend) -> None:
         self._failovers.add(1, labels(backend))

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from warmfleet_router.backend import Backend
-from warmfleet_router.fleet import Fleet, Plan
+from warmfleet_router.fleet import Fleet, Plan, Unroutable
 from warmfleet_router.policy import Reason
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,13 @@ class UpstreamFailed(Exception):
 
 
 def error_body(
-    status: int, message: str, code: str, type_: str = "service_unavailable"
+    status: int,
+    message: str,
+    code: str,
+    type_: str = "service_unavailable",
+    param: str | None = None,
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 async def forward(
@@ -56,9 +60,13 @@ async def forward(
     body: Mapping[str, Any] | None,
     headers: Mapping[str, str],
 ) -> Response:
-    plan = await fleet.plan(route, body, headers)
-    if plan is None:
-        return JSONResponse(error_body(503, "no backend is ready", "no_backend"), status_code=503)
+    try:
+        plan = await fleet.plan(route, body, headers)
+    except Unroutable as exc:
+        return JSONResponse(
+            error_body(exc.status, exc.message, exc.code, exc.type, exc.param),
+            status_code=exc.status,
+        )
     upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
@@ -101,6 +109,28 @@ async def _attempt(
                 plan, backend, reason, outcome=outcome, usage=usage, first_byte=first_byte
             )
 
+    try:
+        return await _exchange(fleet, plan, backend, reason, path, raw, headers, finish)
+    except BaseException:
+        # The client went away before the response began (or anything unforeseen): the
+        # request must not stay counted in flight.
+        finish("cancelled", None, None)
+        raise
+
+
+Finish = Callable[[str, Mapping[str, Any] | None, float | None], None]
+
+
+async def _exchange(
+    fleet: Fleet,
+    plan: Plan,
+    backend: Backend,
+    reason: Reason,
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    finish: Finish,
+) -> Response:
     request = fleet.client.build_request(
         "POST",
         f"{backend.url}{path}",
@@ -132,7 +162,11 @@ async def _attempt(
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+    except BaseException:
+        await upstream.aclose()
+        raise
     first_byte = time.monotonic() - plan.started
+    fleet.prefilled(plan, backend)
 
     if not streaming:
         try:

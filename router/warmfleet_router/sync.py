@@ -2,11 +2,16 @@
 
 Health: `GET /readyz` every `health_interval`; a failed request or a 5xx seen by the
 proxy marks it down at once (passive check), the next good probe brings it back.
+Models: the names it answers to (`/v1/models`, plus a warmfleet daemon's aliases from
+`/v1/status`), read when it becomes ready and every `models_interval` while it is.
 Cache events: the daemon's layout, then a snapshot, then the event stream from the
 snapshot's sequence number; a gap (a sequence number skipped, a heartbeat ahead of the
 last event) or a `reset` line means fetch a new snapshot; a dropped connection means
 reconnect after the last event seen (the daemon replays what it still buffers). A
-backend without these routes (any OpenAI server) stays on history estimates.
+backend without these routes (any OpenAI server) stays on history estimates, and is
+asked again only every `no_events_retry` seconds.
+Warm sets: a warmfleet daemon's `/v1/warm-sets` every `warm_sets_interval`; the blocks
+of its warm prompts in pinned sets count as held there, with or without events.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from warmfleet_daemon.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend
@@ -31,9 +38,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SyncOptions:
     health_interval: float = 2.0
+    models_interval: float = 10.0
     warm_sets_interval: float = 10.0
     heartbeat: float = 5.0  # asked of the daemon; a stream silent for 3x this is dead
     retry: float = 2.0
+    no_events_retry: float = 60.0  # a backend known to serve no events is asked this often
 
 
 class ResyncNeeded(Exception):
@@ -65,6 +74,7 @@ class BackendSync:
         self._on_index = on_index
         self._tasks: list[asyncio.Task[None]] = []
         self._checked = asyncio.Event()
+        self._models_read = -math.inf  # loop time of the last read of its model names
 
     def start(self) -> None:
         name = self.backend.name
@@ -89,21 +99,50 @@ class BackendSync:
     # -- health -------------------------------------------------------------------
 
     async def check_health(self) -> None:
+        try:
+            await self._probe()
+        finally:
+            self._checked.set()
+
+    async def _probe(self) -> None:
         backend = self.backend
         try:
             r = await self._client.get(f"{backend.url}/readyz", timeout=5.0)
         except httpx.HTTPError as exc:
             backend.set_health("down", f"{type(exc).__name__}: {exc}")
             return
-        finally:
-            self._checked.set()
         if r.status_code == 200:
+            now = asyncio.get_running_loop().time()
+            stale = now - self._models_read >= self._options.models_interval
+            if backend.health != "ready" or stale:  # it may have restarted with another model
+                await self.read_models()
+                self._models_read = now
             backend.set_health("ready")
             return
         status = _json_field(r, "status")
         backend.set_health(
             "draining" if status == "draining" else "unready", status or r.text[:200]
         )
+
+    async def read_models(self) -> None:
+        """The names the backend answers to; kept as they were when it cannot say."""
+        backend = self.backend
+        try:
+            r = await self._client.get(f"{backend.url}/v1/models", timeout=5.0)
+            data = r.json().get("data") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if not isinstance(data, list):
+            return
+        names = {str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")}
+        try:  # a warmfleet daemon also answers to its aliases (`default`, its --model)
+            r = await self._client.get(f"{backend.url}/v1/status", timeout=5.0)
+            model = r.json().get("model") if r.status_code == 200 else None
+            if isinstance(model, dict):
+                names.update(str(a) for a in model.get("aliases") or [])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        backend.models = frozenset(names) or None
 
     async def _health_loop(self) -> None:
         while True:
@@ -113,24 +152,35 @@ class BackendSync:
     # -- warm sets ----------------------------------------------------------------
 
     async def _warm_sets_loop(self) -> None:
-        backend = self.backend
         while True:
-            if backend.usable:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    r = await self._client.get(
-                        f"{backend.url}/v1/warm-sets", headers=backend.admin_headers(), timeout=5.0
-                    )
-                    if r.status_code == 200:
-                        backend.warm_sets = [
-                            {
-                                "namespace": s.get("namespace"),
-                                "name": s.get("name"),
-                                "warm": s.get("warm"),
-                                "total": s.get("total"),
-                            }
-                            for s in r.json().get("sets", [])
-                        ]
+            if self.backend.usable:
+                with contextlib.suppress(httpx.HTTPError, ValueError, TypeError, AttributeError):
+                    await self.read_warm_sets()
             await asyncio.sleep(self._options.warm_sets_interval)
+
+    async def read_warm_sets(self) -> None:
+        """Its warm sets, and the blocks of their warm prompts where the set is pinned."""
+        backend = self.backend
+        r = await self._client.get(
+            f"{backend.url}/v1/warm-sets", headers=backend.admin_headers(), timeout=5.0
+        )
+        if r.status_code != 200:
+            return
+        sets = r.json().get("sets", [])
+        backend.warm_sets = [
+            {k: s.get(k) for k in ("namespace", "name", "warm", "total", "pin")} for s in sets
+        ]
+        self._index.set_pinned(
+            backend.name,
+            (
+                bytes.fromhex(key)
+                for s in sets
+                if s.get("pin")
+                for p in s.get("prompts") or []
+                if p.get("state") == "warm"
+                for key in p.get("blocks") or []
+            ),
+        )
 
     # -- cache events ---------------------------------------------------------------
 
@@ -152,9 +202,15 @@ class BackendSync:
                     log.warning(
                         "%s: no cache events (%s); estimating from history", backend.name, exc
                     )
-                    self._index.forget(backend.name)
+                    self._index.forget(backend.name, keep_pinned=True)
                 backend.index_mode = "history"
+                backend.last_error = f"events: {exc}"
+                # Its warm sets' blocks are keyed by its layout, when it serves one.
+                with contextlib.suppress(httpx.HTTPError, _NoEvents, ValueError, ValidationError):
+                    await self._read_layout()
+                await asyncio.sleep(self._options.no_events_retry)
                 need_snapshot = True
+                continue
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                 # Connection lost: keep what is known, reconnect after the last event.
                 backend.last_error = f"events: {type(exc).__name__}: {exc}"
@@ -168,9 +224,7 @@ class BackendSync:
         headers = backend.admin_headers()
         snap = await self._get_json("/v1/cache/snapshot", headers)
         if snap.get("fingerprint") != backend.fingerprint:
-            layout = CacheLayout.model_validate(await self._get_json("/v1/cache/layout", headers))
-            await self._layouts(layout)
-            backend.fingerprint, backend.model = layout.fingerprint, layout.model
+            await self._read_layout()
         self._index.load_snapshot(
             backend.name,
             ((bytes.fromhex(b["key"]), bool(b.get("logits"))) for b in snap["blocks"]),
@@ -181,6 +235,13 @@ class BackendSync:
         backend.resyncs += 1
         if self._on_index:
             self._on_index(backend, "resync")
+
+    async def _read_layout(self) -> None:
+        backend = self.backend
+        body = await self._get_json("/v1/cache/layout", backend.admin_headers())
+        layout = CacheLayout.model_validate(body)
+        await self._layouts(layout)
+        backend.fingerprint, backend.model = layout.fingerprint, layout.model
 
     async def _follow(self) -> None:
         backend = self.backend

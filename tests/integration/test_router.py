@@ -135,6 +135,11 @@ def test_a_warm_set_on_every_daemon_spreads_new_sessions(
             assert time.monotonic() < deadline
             time.sleep(0.1)
     wait_for_events(router)
+    for d in daemons:  # the blocks a warm set lists are the ones the daemon holds
+        sets = httpx.get(f"{d.url}/v1/warm-sets", headers=AUTH).json()["sets"]
+        listed = next(s for s in sets if s["name"] == "ledger")["prompts"][0]["blocks"]
+        snapshot = httpx.get(f"{d.url}/v1/cache/snapshot", headers=AUTH).json()
+        assert listed and set(listed) <= {b["key"] for b in snapshot["blocks"]}
     used = set()
     for i in range(9):
         r, backend, reason = ask(client, [system, {"role": "user", "content": f"Invoice {i}?"}])
@@ -143,7 +148,7 @@ def test_a_warm_set_on_every_daemon_spreads_new_sessions(
         used.add(backend)
     assert len(used) >= 2, used
     # The router reads warm sets through the daemons' admin route every 10 s.
-    expected = {"namespace": "team", "name": "ledger", "warm": 1, "total": 1}
+    expected = {"namespace": "team", "name": "ledger", "warm": 1, "total": 1, "pin": True}
     deadline = time.monotonic() + 15
     while not all(expected in b["warm_sets"] for b in status(router)["backends"]):
         assert time.monotonic() < deadline, status(router)["backends"]

@@ -3,6 +3,7 @@ failed on the emulator before it learnt it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -125,3 +126,56 @@ async def test_annotations_and_objects_have_the_real_size_limits(api: httpx.Asyn
     r = await api.post(SETS, json={**wps("huge"), "spec": {"prompts": prompts}})
     assert r.status_code == 413
     assert (await api.get(f"{SETS}/huge")).status_code == 404
+
+
+async def _watch(api: httpx.AsyncClient, path: str, **params: str) -> list[dict[str, Any]]:
+    """A watch's events until the server ends it (`timeoutSeconds`)."""
+    events = []
+    async with api.stream("GET", path, params={"watch": "true", **params}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.strip():
+                events.append(json.loads(line))
+    return events
+
+
+async def test_watches_resume_from_a_resource_version_or_expire(api: httpx.AsyncClient) -> None:
+    """As kube-apiserver: a LIST's resourceVersion is where a watch picks up (only what
+    came after, deletions with a version of their own); a compacted version: 410."""
+    nodes = f"{API}/warmnodes"
+    await api.post(nodes, json=warm_node("a", "http://a:1/"))
+    listed = (await api.get(nodes)).json()
+    version = listed["metadata"]["resourceVersion"]
+    assert [n["metadata"]["name"] for n in listed["items"]] == ["a"]
+    await api.post(nodes, json=warm_node("b", "http://b:1/"))
+    await api.delete(f"{nodes}/a")
+    events = await _watch(api, nodes, resourceVersion=version, timeoutSeconds="1")
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "b"),
+        ("DELETED", "a"),
+    ]
+    versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert int(version) < versions[0] < versions[1]
+
+    # No version: every object as ADDED first.
+    fresh = await _watch(api, nodes, timeoutSeconds="1")
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in fresh] == [("ADDED", "b")]
+
+
+async def test_a_compacted_resource_version_is_410_expired() -> None:
+    async with Emulator() as emu, kmock.Server(emu):
+        emu.resources.update(RESOURCES)
+        async with httpx.AsyncClient(base_url=str(emu.url).rstrip("/")) as api:
+            nodes = f"{API}/warmnodes"
+            version = (await api.get(nodes)).json()["metadata"]["resourceVersion"]
+            await api.post(nodes, json=warm_node("a", "http://a:1/"))
+            emu.compact()
+            events = await _watch(api, nodes, resourceVersion=version, timeoutSeconds="1")
+            assert [e["type"] for e in events] == ["ERROR"]
+            assert events[0]["object"]["code"] == 410
+            assert events[0]["object"]["reason"] == "Expired"
+            # After a new LIST, the watch resumes.
+            version = (await api.get(nodes)).json()["metadata"]["resourceVersion"]
+            await api.delete(f"{nodes}/a")
+            events = await _watch(api, nodes, resourceVersion=version, timeoutSeconds="1")
+            assert [e["type"] for e in events] == ["DELETED"]

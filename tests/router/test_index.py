@@ -156,3 +156,105 @@ def test_resync_after_a_gap_against_a_fake_daemon() -> None:
 
     snapshots, seq, mode, predicted = asyncio.run(scenario())
     assert (snapshots, seq, mode, predicted) == (2, 5, "following", 8)
+
+
+def test_warm_sets_count_as_held_on_backends_without_events() -> None:
+    index = BlockIndex()
+    warm = blocks(SHARED)  # a warm prefix: the request's first three blocks
+    index.set_pinned("plain", warm.keys)
+    assert index.predict("plain", REQUEST) == 12
+    assert index.size("plain") == 3
+    index.routed("plain", blocks([*SHARED, 40, 41]))  # the history adds the rest
+    assert index.predict("plain", REQUEST) == 14 and index.size("plain") == 4
+    # A request that is exactly the warm prefix: its final block has no logits there.
+    assert index.predict("other", warm) == 0
+    index.set_pinned("other", warm.keys)
+    assert index.predict("other", warm) == 8
+    # A backend that lost its events keeps its warm sets; one that is gone does not.
+    index.forget("other", keep_pinned=True)
+    assert index.predict("other", warm) == 8
+    index.forget("other")
+    assert index.predict("other", warm) == 0
+
+
+def test_events_not_warm_sets_say_what_a_daemon_with_events_holds() -> None:
+    index = BlockIndex()
+    index.load_snapshot("precise", [])  # e.g. just cleared: its warm-up not redone yet
+    index.set_pinned("precise", blocks(SHARED).keys)
+    assert index.predict("precise", REQUEST) == 0
+
+
+def warm_sets_body(blocks_of: dict[str, list[bytes]]) -> dict[str, object]:
+    def prompt(name: str, state: str) -> dict[str, object]:
+        keys = [k.hex() for k in blocks_of[name]]
+        return {"name": name, "state": state, "content_hash": "h", "tokens": 4, "blocks": keys}
+
+    def warm_set(name: str, pin: bool, prompts: list[dict[str, object]]) -> dict[str, object]:
+        return {"namespace": "ns", "name": name, "pin": pin, "prompts": prompts, "warm": 1}
+
+    return {
+        "sets": [
+            warm_set("pinned", True, [prompt("warm", "warm"), prompt("warming", "warming")]),
+            warm_set("unpinned", False, [prompt("evictable", "warm")]),
+        ]
+    }
+
+
+def test_a_backend_without_events_is_asked_rarely_and_its_warm_sets_are_read() -> None:
+    """Not a daemon with events (404): the index estimates from history plus the warm,
+    pinned prompts of its warm sets; it asks for a snapshot again only after
+    `no_events_retry`, not every `retry`."""
+    asked: dict[str, int] = {}
+    keys = blocks([*SHARED, 1, 2, 3, 4]).keys
+    body = warm_sets_body({"warm": [keys[0]], "warming": [keys[1]], "evictable": [keys[2]]})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked[request.url.path] = asked.get(request.url.path, 0) + 1
+        if request.url.path == "/v1/warm-sets":
+            return httpx.Response(200, json=body)
+        return httpx.Response(404, json={"error": {"message": "no such route"}})
+
+    async def scenario() -> tuple[dict[str, int], str, int]:
+        backend = Backend(BackendSpec("a", "http://a"), health="ready")
+        index = BlockIndex()
+
+        async def no_layout(_: object) -> None:
+            return None
+
+        options = SyncOptions(retry=0.01, no_events_retry=30.0)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            sync = BackendSync(backend, client, index, no_layout, options)
+            task = asyncio.create_task(sync._events_loop())
+            await asyncio.sleep(0.3)
+            task.cancel()
+            await sync.read_warm_sets()
+        return dict(asked), backend.index_mode, index.predict("a", blocks([*SHARED, 1, 2, 3, 4]))
+
+    asked_now, mode, predicted = asyncio.run(scenario())
+    assert mode == "history"
+    assert asked_now["/v1/cache/snapshot"] == 1  # not 30 times in 0.3 s
+    assert asked_now["/v1/cache/layout"] == 1  # its warm sets' keys would be in its layout
+    assert predicted == 4  # the warm prompt's block; not the warming or unpinned ones
+
+
+def test_requests_in_prefill_together_that_could_share_an_unheld_block_contend() -> None:
+    """Both cold on one daemon: it computes the shared block once and either of them
+    may be the one that reuses it, so neither prediction can be exact by design."""
+    index = BlockIndex()
+    first = blocks(SHARED[:4])
+    index.load_snapshot("a", [(first.keys[0], False)])
+    index.load_snapshot("b", [])
+    one = index.take_off("a", blocks([*SHARED, 40]))  # holds block 0, needs 1, 2, 3
+    other_backend = index.take_off("b", blocks([*SHARED, 41]))
+    assert not one.contended and not other_backend.contended
+    two = index.take_off("a", blocks([*SHARED, 42]))  # needs block 1 too
+    assert one.contended and two.contended
+    index.land(one)
+    index.land(two)
+    index.stored("a", blocks(SHARED).keys[1], False)
+    # Prefill done (its blocks stored): a later request does not contend with it.
+    three = index.take_off("a", blocks([*SHARED, 43]))
+    assert not three.contended
+    # Nothing in common beyond what is held: no contention.
+    four = index.take_off("a", blocks([1, 2, 3, 4, 9, 9, 9, 9]))
+    assert not four.contended and not three.contended

@@ -70,6 +70,8 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[st
         ).isoformat(),
         "model": {
             "id": state.served_name(),
+            # Every name the chat routes accept for it (the router matches requests by them).
+            "aliases": sorted(ready.model_ids),
             "source": model.source,
             "context_length": model.context_length,
             "device": "gpu" if model.on_gpu else "cpu",
