@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/engine_vs_mlx_lm.py
+	$(VENV)/bin/python bench/decode_c8.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -129,6 +129,7 @@ class KVFigures:
     cached: dict[str, list[int | None]] = field(default_factory=dict)
     bytes_per_token: list[int] = field(default_factory=list)
     disk_bytes: list[int] = field(default_factory=list)
+    later_ttft: dict[str, list[float]] = field(default_factory=dict)  # 2nd-4th requests
 
     def add(self, kind: str, s: object, first: list[dict], tokens: int) -> None:
         log = s.log.read_text()  # type: ignore[attr-defined]
@@ -139,6 +140,12 @@ class KVFigures:
         result = stream(s.url, s.model, first, 8)  # type: ignore[attr-defined]
         self.ttft.setdefault(kind, []).append(result.ttft_s)
         self.cached.setdefault(kind, []).append(result.cached_tokens)
+        # Then warm hits on the same daemon (other questions): the spread to compare with.
+        for i in range(1, 4):
+            question = f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"
+            later = [first[0], {"role": "user", "content": question}]
+            hit = stream(s.url, s.model, later, 8)  # type: ignore[attr-defined]
+            self.later_ttft.setdefault(kind, []).append(hit.ttft_s)
 
 
 def wait_warm(url: str) -> None:
@@ -217,6 +224,13 @@ def report_kv(f: KVFigures, repeats: int) -> None:
         f"first TTFT after restart / warm hit {med(f.ttft['restart']) / hit:.2f}x, "
         f"after peer copy / warm hit {med(f.ttft['peer']) / hit:.2f}x"
     )
+    for kind in ("prefill", "restart", "peer"):
+        later = f.later_ttft[kind]
+        print(
+            f"{kind}: first request {', '.join(f'{t:.3f}' for t in f.ttft[kind])} s; the next "
+            f"{len(later)} warm hits on the same daemons {min(later):.3f}-{max(later):.3f} s "
+            f"(median {med(later):.3f})"
+        )
     per_token = med(f.bytes_per_token)
     disk = med(f.disk_bytes)
     print(
