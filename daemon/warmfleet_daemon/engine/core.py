@@ -473,8 +473,10 @@ class Engine:
         return out
 
     def _capacity(self, seq: _Sequence) -> int:
-        # Room for the prompt and some decoding, so the KV buffers never regrow (and copy
-        # themselves) during prefill.
+        # Room for the prompt (and for decoding, unless it decodes in the decode batch's
+        # rows), so the KV buffers never regrow (and copy themselves) during prefill.
+        if self._rows is not None:
+            return len(seq.tokens)
         return len(seq.tokens) + min(seq.request.sampling.max_tokens, 256)
 
     def _compute_chunk(self, seq: _Sequence) -> None:
