@@ -135,6 +135,16 @@ def main() -> int:
         f"\nwarmfleet c=8 / best peer ({best}): {med('warmfleet', 'c8') / med(best, 'c8'):.2f}x "
         "(target >= 1.2x)"
     )
+    # Round by round: each ratio compares servers measured minutes apart at most.
+    ratios = [
+        figures["warmfleet"].c8[i] / max(figures[k].c8[i] for k in peers)
+        for i in range(args.rounds)
+    ]
+    print(
+        "warmfleet c=8 / best peer of the same round: "
+        + ", ".join(f"{r:.2f}x" for r in ratios)
+        + f" (median {statistics.median(ratios):.2f}x)"
+    )
     print(
         "warmfleet 8th-stream TTFT / mlx_lm.server's: "
         f"{med('warmfleet', 'last_ttft') / med('mlx_lm.server', 'last_ttft'):.2f}x (target <= 1x)"

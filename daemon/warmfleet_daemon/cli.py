@@ -15,6 +15,8 @@ from warmfleet_daemon.blas import ensure_fast_blas, log_blas
 
 log = logging.getLogger("warmfleet")
 
+GIL_SWITCH_INTERVAL_S = 0.0002  # see _serve
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmfleet", description=__doc__)
@@ -221,6 +223,10 @@ def _serve(args: argparse.Namespace) -> int:
         base,
         base,
     )
+    # The engine thread gives up the GIL in every mx.eval and needs it back at once; at
+    # Python's default 5 ms the event loop and other threads kept it waiting (c=8 decode
+    # over HTTP: 91-98 tok/s at 5 ms, 113-117 at 0.2 ms, docs/PERFORMANCE.md).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -84,12 +84,7 @@ def _make_hook(original: Callable[..., mx.array], cpu: bool) -> Callable[..., mx
         sinks: Any = None,
     ) -> mx.array:
         if isinstance(cache, decode_batch.LayerView):
-            outs = []
-            for group, k, v in zip(cache.groups, keys, values):
-                with mx.stream(group.stream):
-                    q = queries[group.start : group.stop]
-                    outs.append(blocked_decode_attention(q, k, v, scale, group.mask))
-            return mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
+            return rows_attention(queries, keys, values, cache, scale)
         if isinstance(cache, SequenceBatch):
             outs = [
                 _one(queries[i : i + 1], k, v, scale, None, original, cpu, sinks)
@@ -100,6 +95,23 @@ def _make_hook(original: Callable[..., mx.array], cpu: bool) -> Callable[..., mx
 
     attention.__wrapped_sdpa__ = original  # type: ignore[attr-defined]
     return attention
+
+
+def rows_attention(
+    queries: mx.array,
+    keys: list[mx.array],
+    values: list[mx.array],
+    view: decode_batch.LayerView,
+    scale: float,
+) -> mx.array:
+    """Decode attention for every row of the decode batch: each row group on its own
+    CPU stream (`LayerView.update_and_fetch` gave each group's keys and values)."""
+    outs = []
+    for group, k, v in zip(view.groups, keys, values):
+        with mx.stream(group.stream):
+            q = queries[group.start : group.stop]
+            outs.append(blocked_decode_attention(q, k, v, scale, group.mask))
+    return mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
 
 
 def _one(

@@ -32,7 +32,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from warmfleet_daemon.chunking import Chunk, plan_chunks, root_key
-from warmfleet_daemon.engine import attention, decode_batch, head, kv, prefill_order
+from warmfleet_daemon.engine import (
+    activation,
+    attention,
+    decode_batch,
+    decode_forward,
+    head,
+    kv,
+    prefill_order,
+)
 from warmfleet_daemon.engine.grammar import GrammarCompiler, GrammarError
 from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
@@ -171,6 +179,7 @@ class Engine:
         self._root = root_key(f"{loaded.name}|{loaded.source}")
         self._eos = set(loaded.tokenizer.eos_token_ids)
         attention.install(self.model, cpu=not loaded.on_gpu)
+        activation.install(self.model, cpu=not loaded.on_gpu)
         self._logits = head.Head(self.model, cpu=not loaded.on_gpu)
         self._batched = attention.supports_sequence_batching(self.model)
         # On the CPU, decoding sequences share per-layer KV buffers and one attention call
@@ -178,6 +187,12 @@ class Engine:
         self._rows: decode_batch.DecodeBatch | None = (
             decode_batch.DecodeBatch(config.max_num_seqs)
             if self._batched and not loaded.on_gpu
+            else None
+        )
+        # The decode batch's step, by hand for llama-family models (decode_forward.py).
+        self._decode_forward = (
+            decode_forward.DecodeForward(self.model)
+            if self._rows is not None and self._logits.plain and decode_forward.supports(self.model)
             else None
         )
         self._inbox: deque[_Sequence] = deque()
@@ -532,7 +547,10 @@ class Engine:
         rows = self._rows
         assert rows is not None
         try:
-            logits = self._logits(inputs, rows.step_views())
+            if self._decode_forward is not None:
+                logits = self._logits.project(self._decode_forward(inputs[:, 0], rows.step_views()))
+            else:
+                logits = self._logits(inputs, rows.step_views())
             mx.eval(logits, rows.buffers())
         except Exception:
             rows.reset()  # its buffers may be half-written; every decoding request fails

@@ -15,6 +15,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 MAX_COPY_BYTES = 512 << 20
+# Rows per head matmul: OpenBLAS 0.3.21 (Haswell kernels) gives a row of `x @ W_t`
+# bitwise the same result whatever its neighbours for up to 12 rows, not beyond (measured
+# here), and a batch must not change a response; the tests check solo = batched.
+ROW_GROUP = 12
 
 # mlx-lm model types whose __call__ is `head(self.model(inputs, cache))`.
 _PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -30,6 +34,7 @@ class Head:
             model, "model"
         )
         self.transposed: mx.array | None = None
+        self._group = ROW_GROUP if cpu else 1 << 30
         if self.plain and cpu:
             matrix = _head_matrix(model)
             if matrix is not None and matrix.nbytes <= MAX_COPY_BYTES:
@@ -41,9 +46,18 @@ class Head:
         For plain-head models the other positions skip the head."""
         if not self.plain:
             return self.model(inputs, cache=cache)[:, -1, :]  # type: ignore[no-any-return]
-        hidden = self.model.model(inputs, cache)[:, -1, :]
+        return self.project(self.model.model(inputs, cache)[:, -1, :])
+
+    def project(self, hidden: mx.array) -> mx.array:
+        """Logits (rows, vocab) of final hidden states (rows, hidden) of a plain-head
+        model, on the CPU in groups of at most `ROW_GROUP` rows (see there)."""
+        step = self._group
+        parts = [self._project(hidden[i : i + step]) for i in range(0, hidden.shape[0], step)]
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+    def _project(self, hidden: mx.array) -> mx.array:
         if self.transposed is not None:
-            return hidden @ self.transposed  # type: ignore[no-any-return]
+            return hidden @ self.transposed
         if getattr(self.model.args, "tie_word_embeddings", False):
             return self.model.model.embed_tokens.as_linear(hidden)  # type: ignore[no-any-return]
         return self.model.lm_head(hidden)  # type: ignore[no-any-return]

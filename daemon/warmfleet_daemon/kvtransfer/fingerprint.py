@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 
 from warmfleet_daemon.models.loader import LoadedModel
 
-VERSION = 1  # bump when the chunk plan rule or the block format changes
+VERSION = 2  # bump when the chunk plan rule, the block format or prefill arithmetic changes
 _SAMPLES = 256  # values per tensor
 
 
