@@ -195,6 +195,14 @@ class Engine:
             if self._rows is not None and self._logits.plain and decode_forward.supports(self.model)
             else None
         )
+        log.info(
+            "decode: %s",
+            "batched rows, hand-written llama-family step"
+            if self._decode_forward is not None
+            else "batched rows, mlx-lm forward"
+            if self._rows is not None
+            else "mlx-lm forward, attention per sequence",
+        )
         self._inbox: deque[_Sequence] = deque()
         self._waiting: deque[_Sequence] = deque()
         self._prefilling: list[_Sequence] = []
