@@ -69,7 +69,7 @@ def run(aging: int, seconds: float, tokenizer: object) -> dict[str, list[float]]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=90.0)
-    ap.add_argument("--aging", default="0,4", help="--prefill-aging-picks values to compare")
+    ap.add_argument("--aging", default="0,16", help="--prefill-aging-picks values to compare")
     args = ap.parse_args()
     from warmfleet_daemon.models.loader import load_gguf_tokenizer_only
 

@@ -113,7 +113,7 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="prefill order: shortest remaining first, a prompt counting one block shorter per "
-        "N chunks it waited (default 4; 0: no aging, long prompts can starve under load)",
+        "N chunks it waited (default 16; 0: no aging, long prompts can starve under load)",
     )
     p.add_argument("--default-max-tokens", type=int)
     p.add_argument("--default-temperature", type=float)

@@ -40,7 +40,7 @@ class DaemonSettings(BaseSettings):
     )
     max_num_seqs: int = Field(16, ge=1, le=512, description="sequences prefilling or decoding")
     prefill_aging_picks: int = Field(
-        4,
+        16,
         ge=0,
         le=10_000,
         description="a waiting prompt counts one block shorter per N chunks prefilled for "

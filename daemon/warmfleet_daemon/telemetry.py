@@ -21,28 +21,16 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, generate_latest
 
-from warmfleet_daemon import __version__
+from warmfleet_daemon import __version__, otel
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.warming import WarmManager
 
 log = logging.getLogger(__name__)
 
 # The GenAI conventions' ExplicitBucketBoundaries.
-TTFT_BUCKETS = (
-    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
-    *(0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
-)
+TTFT_BUCKETS = otel.LATENCY_BUCKETS
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (
     *(0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64),
@@ -66,33 +54,21 @@ def default_daemon_name() -> str:
     return os.environ.get("WARMFLEET_DAEMON_NAME") or socket.gethostname()
 
 
-def otlp_configured(explicit: str | None) -> bool:
-    return bool(
-        explicit
-        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
-
-
-class Telemetry:
+class Telemetry(otel.Metrics):
     """Owns the MeterProvider; `observe()` is registered with the engine."""
 
     def __init__(self, config: TelemetryConfig) -> None:
-        self.config = config
-        self.registry = CollectorRegistry()
-        readers: list[MetricReader] = [PrometheusMetricReader(registry=self.registry)]
-        if otlp_configured(config.otlp_endpoint):
-            readers.append(PeriodicExportingMetricReader(_otlp_exporter(config.otlp_endpoint)))
-        resource = Resource.create(
+        super().__init__(
             {
                 "service.name": os.environ.get("OTEL_SERVICE_NAME", "warmfleet-daemon"),
                 "service.version": __version__,
                 "service.instance.id": config.daemon,
                 "warmfleet.daemon": config.daemon,
                 "gen_ai.request.model": config.model,
-            }
+            },
+            otlp_endpoint=config.otlp_endpoint,
         )
-        self.provider = MeterProvider(metric_readers=readers, resource=resource)
+        self.config = config
         self._base = {"warmfleet.daemon": config.daemon, "gen_ai.request.model": config.model}
         meter = self.provider.get_meter("warmfleet", __version__)
         self._ttft = meter.create_histogram(
@@ -266,12 +242,6 @@ class Telemetry:
             },
         )
 
-    def prometheus_text(self) -> bytes:
-        return bytes(generate_latest(self.registry))
-
-    def shutdown(self) -> None:
-        self.provider.shutdown()
-
 
 def cache_outcome(request: GenerationRequest, cached_tokens: int) -> str:
     """hit: everything before the last message came from the cache (or, without chat
@@ -281,24 +251,3 @@ def cache_outcome(request: GenerationRequest, cached_tokens: int) -> str:
     cuts = request.prompt.cuts
     static = cuts[-1] if cuts else len(request.prompt.tokens)
     return "hit" if cached_tokens >= static else "partial"
-
-
-def _otlp_exporter(endpoint: str | None) -> MetricExporter:
-    protocol = (
-        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    )
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        log.info("OTLP metrics: gRPC to %s", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
-        return OTLPMetricExporter(endpoint=endpoint) if endpoint else OTLPMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HTTPExporter,
-    )
-
-    if endpoint:  # a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT would be
-        endpoint = endpoint.rstrip("/") + "/v1/metrics"
-    log.info("OTLP metrics: HTTP/protobuf to %s", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
-    return HTTPExporter(endpoint=endpoint) if endpoint else HTTPExporter()

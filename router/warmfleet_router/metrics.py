@@ -20,38 +20,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, generate_latest
 
+from warmfleet_daemon import otel
 from warmfleet_router.backend import Backend
 
-TTFB_BUCKETS = (
-    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
-    *(0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
-)
+TTFB_BUCKETS = otel.LATENCY_BUCKETS
 HEALTH = ("ready", "unready", "draining", "down", "unknown")
 
 
-class RouterMetrics:
+class RouterMetrics(otel.Metrics):
     def __init__(self, name: str = "warmfleet-router") -> None:
-        self.registry = CollectorRegistry()
-        readers: list[MetricReader] = [PrometheusMetricReader(registry=self.registry)]
-        if os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT"
-        ):
-            readers.append(PeriodicExportingMetricReader(_otlp_exporter()))
-        resource = Resource.create(
+        super().__init__(
             {"service.name": os.environ.get("OTEL_SERVICE_NAME", name), "service.instance.id": name}
         )
-        self.provider = MeterProvider(metric_readers=readers, resource=resource)
         meter = self.provider.get_meter("warmfleet.router")
         self._requests = meter.create_counter(
             "warmfleet.router.requests",
@@ -181,31 +163,7 @@ class RouterMetrics:
         else:
             self._events.add(1, labels(backend))
 
-    def prometheus_text(self) -> bytes:
-        return bytes(generate_latest(self.registry))
-
-    def shutdown(self) -> None:
-        self.provider.shutdown()
-
 
 def labels(backend: Backend) -> dict[str, str]:
     """The daemon's own label names, so one dashboard variable filters both."""
     return {"warmfleet.daemon": backend.name, "gen_ai.request.model": backend.model or "unknown"}
-
-
-def _otlp_exporter() -> MetricExporter:
-    """OTLP over gRPC or HTTP/protobuf, as the standard variables say (as the daemon)."""
-    protocol = (
-        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    )
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HTTPExporter,
-    )
-
-    return HTTPExporter()

@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-AGING_PICKS = 4
+# 16, not 4: under overload 4 gave long prompts their first token no sooner and the
+# short ones 3x later (bench/prefill_fairness.py, docs/PERFORMANCE.md).
+AGING_PICKS = 16
 
 
 @dataclass(frozen=True)
