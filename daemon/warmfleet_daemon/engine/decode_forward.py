@@ -1,7 +1,7 @@
 """One decode step of every row of the decode batch, for llama-family models on the CPU.
 
-mlx-lm's module forward gives the same tokens; it stays the path for prefill, for Metal
-and for other architectures. Written by hand because a CPU decode step of a small batch
+It computes what mlx-lm's module forward computes, up to float32 rounding (the tests
+compare the two); mlx-lm's stays the path for prefill, Metal and other architectures. Written by hand because a CPU decode step of a small batch
 is spent in small matmuls and element-wise ops, and four changes make it faster
 (measured side by side in docs/PERFORMANCE.md):
 
