@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_vs_mlx_lm import (
+    THREAD_TIMEOUT,
     VENV_BIN,
     concurrent,
     free_port,
@@ -60,6 +61,7 @@ def vllm_mlx(binary: Path, model_dir: str) -> object:
     blas = openblas()
     if blas:
         env["LD_PRELOAD"] = blas
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # as warmfleet sets it
     cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching"]
     return started(cmd, model_dir, "/health", env)
 

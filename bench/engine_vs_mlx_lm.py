@@ -38,6 +38,8 @@ from pathlib import Path
 
 import httpx
 
+from warmfleet_daemon.blas import THREAD_TIMEOUT
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
@@ -201,6 +203,7 @@ def server(kind: str, model_dir: str) -> Iterator[tuple[str, str]]:
         blas = openblas()
         if blas:
             env["LD_PRELOAD"] = blas  # same BLAS as warmfleet
+            env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # as warmfleet sets it
     cmd += ["--log-level", "warning" if kind == "warmfleet" else "WARNING"]
     with started(cmd, model, ready_path, env) as s:
         hi = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

@@ -44,6 +44,7 @@ from pathlib import Path
 import httpx
 from engine_vs_mlx_lm import (
     QUESTIONS,
+    THREAD_TIMEOUT,
     VENV_BIN,
     arguments,
     free_port,
@@ -115,6 +116,7 @@ def measure(repeat: int, tokenizer: object, model_dir: str, tokens: int, f: Figu
     blas = openblas()
     if blas:
         env["LD_PRELOAD"] = blas  # the same BLAS as warmfleet loads itself
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # as warmfleet sets it
     cmd = [str(VENV_BIN / "mlx_lm.server"), "--model", model_dir, "--port", str(free_port())]
     with started([*cmd, "--log-level", "WARNING"], model_dir, "/health", env) as s:
         f.ttft_mlx.append(stream(s.url, s.model, first, 8).ttft_s)

@@ -19,6 +19,12 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
+# OpenBLAS's idle workers spin for 2^N cycles before they sleep (default N=28, ~0.1 s):
+# between the matmuls of a decode step they kept a core from the threads running the
+# element-wise ops and the HTTP side (c=8 decode over HTTP: 95-118 tok/s by round with
+# 28, 104-124 with 16, docs/PERFORMANCE.md). Read when OpenBLAS loads; a set value wins.
+THREAD_TIMEOUT = "16"
+
 _CANDIDATES = (
     "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/*-linux-gnu/openblas-openmp/libopenblas.so.0",
@@ -53,6 +59,7 @@ def ensure_fast_blas() -> BlasInfo:
         _loaded = BlasInfo("bundled reference BLAS (WARMFLEET_BLAS=bundled)", None, False)
         return _loaded
     paths = [override] if override else [p for pat in _CANDIDATES for p in sorted(glob.glob(pat))]
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
     for path in paths:
         try:
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

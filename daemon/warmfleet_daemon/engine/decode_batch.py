@@ -173,12 +173,13 @@ class DecodeBatch:
         return out[0], out[1]
 
     def _split(self, rows: int) -> list[tuple[int, int, mx.Stream]]:
+        if sum(self.lengths) < _SPLIT_KEYS or rows == 1:  # one group: the step's own stream
+            return [(0, rows, mx.default_stream(mx.cpu))]
         streams = self._streams.get(threading.get_ident())
         if streams is None:
             streams = [mx.new_stream(mx.cpu) for _ in range(self._stream_count)]
             self._streams[threading.get_ident()] = streams
-        work = sum(self.lengths)
-        count = min(len(streams), rows) if work >= _SPLIT_KEYS else 1
+        count = min(len(streams), rows)
         bounds = [rows * i // count for i in range(count + 1)]
         return [(bounds[i], bounds[i + 1], streams[i]) for i in range(count)]
 

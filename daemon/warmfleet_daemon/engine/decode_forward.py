@@ -1,9 +1,9 @@
 """One decode step of every row of the decode batch, for llama-family models on the CPU.
 
 It computes what mlx-lm's module forward computes, up to float32 rounding (the tests
-compare the two); mlx-lm's stays the path for prefill, Metal and other architectures. Written by hand because a CPU decode step of a small batch
-is spent in small matmuls and element-wise ops, and four changes make it faster
-(measured side by side in docs/PERFORMANCE.md):
+compare the two); mlx-lm's stays the path for prefill, Metal and other architectures.
+Written by hand because a CPU decode step of a small batch is spent in small matmuls
+and element-wise ops, and four changes make it faster (docs/PERFORMANCE.md):
 
 1. Matmuls as `W @ x^T`, the weight's rows in BLAS's M dimension: OpenBLAS splits them
    over the cores, where `x @ W^T` with 8 rows runs on one. In groups of at most
