@@ -2,9 +2,10 @@
 
 All servers run the embedded SmolLM2-135M (float32, `warmfleet convert default DIR` for
 the peers) with Debian's OpenBLAS (warmfleet loads it; the peers get it with
-LD_PRELOAD). They are started together and measured in interleaved rounds (round 1:
-each server in turn, round 2: the same in another order, ...), so a noisy spell on the
-machine lands on every server rather than on one. Prints medians and ratios.
+LD_PRELOAD, and warmfleet's OPENBLAS_THREAD_TIMEOUT). They are started together and
+measured in interleaved rounds (round 1: each server in turn, round 2: the same in
+another order, ...), so a noisy spell on the machine lands on every server rather than
+on one. Prints medians and ratios.
 
 vllm-mlx lives in its own virtualenv (its dependencies pin other versions of mlx-lm):
 

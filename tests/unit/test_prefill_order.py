@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from warmfleet_daemon.engine import prefill_order as po
+from warmfleet_daemon.settings import DaemonSettings
 
 Arrivals = Callable[[int], list[tuple[str, int]]]
 
@@ -82,3 +83,7 @@ def test_at_the_default_rate_a_long_prompt_is_served_within_the_bound() -> None:
     bound = 2400 / 128 * po.AGING_PICKS
     order, done, _ = simulate(128, [("long", 2400)], shorts, int(bound) + 40, rate=po.AGING_PICKS)
     assert order.index("long") <= bound and "long" in done
+
+
+def test_the_daemons_default_rate_is_the_engines() -> None:
+    assert DaemonSettings.model_fields["prefill_aging_picks"].default == po.AGING_PICKS

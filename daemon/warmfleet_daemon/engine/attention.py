@@ -104,8 +104,8 @@ def rows_attention(
     view: decode_batch.LayerView,
     scale: float,
 ) -> mx.array:
-    """Decode attention for every row of the decode batch: each row group on its own
-    CPU stream (`LayerView.update_and_fetch` gave each group's keys and values)."""
+    """Decode attention for every row of the decode batch, each row group on its
+    group's CPU stream (`LayerView.update_and_fetch` gave each group's keys and values)."""
     outs = []
     for group, k, v in zip(view.groups, keys, values):
         with mx.stream(group.stream):

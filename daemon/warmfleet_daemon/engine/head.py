@@ -34,7 +34,7 @@ class Head:
             model, "model"
         )
         self.transposed: mx.array | None = None
-        self._group = ROW_GROUP if cpu else 1 << 30
+        self._group = ROW_GROUP if cpu else None  # rows per head matmul; None: all
         if self.plain and cpu:
             matrix = _head_matrix(model)
             if matrix is not None and matrix.nbytes <= MAX_COPY_BYTES:
@@ -51,9 +51,11 @@ class Head:
     def project(self, hidden: mx.array) -> mx.array:
         """Logits (rows, vocab) of final hidden states (rows, hidden) of a plain-head
         model, on the CPU in groups of at most `ROW_GROUP` rows (see there)."""
-        step = self._group
-        parts = [self._project(hidden[i : i + step]) for i in range(0, hidden.shape[0], step)]
-        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        step, rows = self._group, hidden.shape[0]
+        if step is None or rows <= step:
+            return self._project(hidden)
+        parts = [self._project(hidden[i : i + step]) for i in range(0, rows, step)]
+        return mx.concatenate(parts, axis=0)
 
     def _project(self, hidden: mx.array) -> mx.array:
         if self.transposed is not None:
