@@ -32,6 +32,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import base
 from mlx_lm.models.cache import KVCache
 
 from warmfleet_daemon.engine import decode_batch
@@ -94,6 +95,8 @@ def hook_modules(model: nn.Module) -> list[ModuleType]:
     for layer in [model, *model.modules()]:
         name = type(layer).__module__
         module = sys.modules.get(name)
+        if name == base.__name__:  # where mlx-lm defines it: never rebound
+            continue
         if module is not None and callable(getattr(module, _HOOK_NAME, None)):
             seen.setdefault(name, module)
     return list(seen.values())
