@@ -15,6 +15,12 @@ tokenizer), casts or quantizes it, prepares it as the loader does for the path
    a warm peer over HTTP, answer as from scratch, with the prefix counted as cached;
 5. the decode path the README states for the family.
 
+Then, as a user would: a 4-bit tiny deepseek_v3 written as an mlx-lm directory and
+served by `warmfleet serve --model DIR` on each path answers chat requests over HTTP
+(cold, cached, four at once) with mlx-lm's greedy text; and an architecture the engine
+cannot serve (deepseek_v41, whose cache cannot be rebuilt from a stored block) is
+refused at start with its name, every request a 503 saying why, never a 500.
+
 Paths: "cpu" is what a Linux node runs (float32 weights, the decode batch's rows,
 exp2 attention, the hand-written step for llama/qwen2; 16-token blocks here so a
 prompt spans several); "metal" is the Mac code path forced on the CPU with
@@ -37,8 +43,9 @@ What runs where, and why (about 60 cases; 1-2 s each here, under two minutes in 
   float32-only, so bf16 MoE models run on the Mac path on Metal but cannot on a CPU;
   mlx-lm itself fails there too.
 
-The slowest families (MoE with gated delta-net layers) carry the `slow_model` marker;
-they still run in `make test` (`-m "not slow_model"` leaves them out locally).
+The slowest cases (gemma3_text's, about 1.6 s each here, and the two daemons served
+over HTTP) carry the `slow_model` marker; they still run in `make test`
+(`-m "not slow_model"` leaves them out locally).
 """
 
 from __future__ import annotations
@@ -46,25 +53,33 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import httpx
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_map
 from mlx_lm.generate import stream_generate
 from mlx_lm.models import activations
-from mlx_lm.utils import quantize_model
+from mlx_lm.utils import load, quantize_model
 
+from daemons import start_daemon
+from inproc import serving
 from kv_support import Peer, answer, from_scratch, prompts, warm_and_snapshot
 from support import request, run, tokens_of
+from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine import activation, attention
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
+from warmfleet_daemon.models.convert import write_model_dir
 from warmfleet_daemon.models.loader import LoadedModel, for_path, on_gpu
 from warmfleet_daemon.models.tiny import tiny_config, tiny_random_model
 from warmfleet_daemon.prompts import RenderedPrompt
-from warmfleet_daemon.settings import ENGINE_PATH_ENV
+from warmfleet_daemon.settings import ENGINE_PATH_ENV, DaemonSettings
 
 HAND_WRITTEN = "batched rows, hand-written llama-family step"
 ROWS = "batched rows, mlx-lm forward"
@@ -96,7 +111,7 @@ PATHS: dict[str, tuple[str, str]] = {
 QUANTIZED = ("llama", "qwen3_moe", "gpt_oss", "deepseek_v3", "gemma3_text", "qwen3_next", "mamba2")
 HALF = ("llama", "qwen3", "gemma3_text", "lfm2", "mamba2")
 HALF_CPU_ONLY = ("qwen3_moe", "deepseek_v3")  # mlx's CPU GatherMM is float32-only
-SLOW = {"qwen3_next"}
+SLOW = {"gemma3_text"}  # the slowest per case here (its rotating windows are snapshotted)
 MAX_TOKENS = 12  # support.greedy's default, which kv_support's requests use
 
 
@@ -225,3 +240,84 @@ def test_the_cpu_path_computes_what_the_quantized_weights_do(family: str, tiny) 
         after = dense(tokens)
     assert not any("scales" in m for _, m in dense.named_modules())
     assert mx.allclose(after, before, rtol=1e-3, atol=1e-3 * mx.abs(before).max().item()).item()
+
+
+# -- served over HTTP, as a user would ------------------------------------------------
+
+SYSTEM = {"role": "system", "content": "You are a terse assistant for a platform team."}
+QUESTIONS = ["What is a Helm chart?", "Why cache prefixes?", "Name a Mac.", "Say hi.", "2+2?"]
+
+
+@pytest.fixture(scope="module")
+def deepseek_dir(tmp_path_factory: pytest.TempPathFactory, tiny: LoadedModel) -> Path:
+    """A 4-bit tiny deepseek_v3 as an mlx-lm model directory."""
+    vocab = len(tiny.tokenizer)
+    model, config = quantize_model(
+        tiny_random_model(vocab_size=vocab, arch="deepseek_v3"),
+        tiny_config("deepseek_v3", vocab),
+        group_size=32,
+        bits=4,
+    )
+    return write_model_dir(tmp_path_factory.mktemp("deepseek_v3"), model, config, tiny.tokenizer)
+
+
+def mlx_lm_chat(model: Any, tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """mlx-lm's greedy reply, the prompt rendered as the daemon renders chats."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    with mlx_lm_functions(model):
+        return "".join(r.text for r in stream_generate(model, tokenizer, tokens, MAX_TOKENS))
+
+
+@pytest.mark.slow_model
+@pytest.mark.parametrize("path", ["cpu", "metal"])
+def test_deepseek_v3_over_http_answers_what_mlx_lm_does(path: str, deepseek_dir: Path) -> None:
+    metal = path == "metal"
+    env = {ENGINE_PATH_ENV: "metal" if metal else "auto"}
+    daemon = start_daemon("--model", str(deepseek_dir), "--log-level", "info", env=env)
+    try:
+        model, tokenizer = load(str(deepseek_dir))[:2]
+        model = for_path(model, gpu=metal)  # the weights as the daemon runs them
+        chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS]
+        want = [mlx_lm_chat(model, tokenizer, chat) for chat in chats]
+
+        def ask(messages: list[dict[str, str]]) -> tuple[str, int, int]:
+            body = {"model": "default", "messages": messages, "temperature": 0}
+            r = httpx.post(
+                f"{daemon.url}/v1/chat/completions",
+                json={**body, "max_tokens": MAX_TOKENS},
+                timeout=120,
+            )
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            return r.json()["choices"][0]["message"]["content"], cached, usage["prompt_tokens"]
+
+        text, cached, prompt_tokens = ask(chats[0])
+        assert (text, cached) == (want[0], 0)
+        assert ask(chats[0]) == (want[0], prompt_tokens, prompt_tokens)  # all of it cached
+        with ThreadPoolExecutor(4) as pool:  # batched, the system prompt shared
+            assert [t for t, _, _ in pool.map(ask, chats[1:])] == want[1:]
+        layout = (
+            "mlx-lm forward, attention per sequence" if metal else "batched rows, mlx-lm forward"
+        )
+        assert f"decode path for deepseek_v3: {layout}, latent attention (MLA)" in daemon.log()
+    finally:
+        daemon.stop()
+
+
+def test_an_architecture_the_engine_cannot_serve_is_refused_at_start() -> None:
+    app = create_app(DaemonSettings(model="tiny-random-deepseek_v41"))
+    with serving(app) as url:
+        deadline = time.monotonic() + 120
+        while (ready := httpx.get(f"{url}/readyz", timeout=10)).json()["status"] == "loading":
+            assert time.monotonic() < deadline, "still loading"
+            time.sleep(0.1)
+        assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        reason = "model architecture 'deepseek_v41' cannot be served by this engine"
+        assert reason in ready.json()["error"]
+        chat = {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=10)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "model_load_failed"
+        assert reason in r.json()["error"]["message"]

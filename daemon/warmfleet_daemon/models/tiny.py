@@ -173,6 +173,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "time_step_limit": (0.0, float("inf")),
         "time_step_rank": "auto",
     },
+    # DeepSeek V4's compressed sliding-window attention: its per-layer cache cannot be
+    # rebuilt from a stored state (no `state` setter), so the engine refuses it at start.
+    "deepseek_v41": {
+        **_COMMON,
+        **_MOE,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "o_groups": 2,
+        "o_lora_rank": 32,
+        "n_routed_experts": 4,
+        "sliding_window": 16,
+        "compress_ratios": [1, 4],
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_topk": 8,
+        "hc_mult": 2,
+    },
 }
 _ALIASES = {"gemma3": "gemma3_text"}
 ARCHITECTURES = tuple(CONFIGS) + tuple(_ALIASES)
