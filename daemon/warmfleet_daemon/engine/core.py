@@ -316,7 +316,7 @@ class Engine:
                 together = self._probe_together(blocks, steps)
                 failure = None if _close(together, solo) else "its logits differ from one alone"
             except Exception as exc:  # the layers use their caches in a way we cannot batch
-                failure = f"{type(exc).__name__}: {exc}"
+                failure = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
             if failure is not None:
                 log.warning("%s: batched decode failed its check (%s)", self.family, failure)
                 self._batched, self._rows, self._decode_forward = False, None, None

@@ -217,9 +217,12 @@ def build(config: dict[str, Any]) -> Any:
     return module.Model(module.ModelArgs.from_dict(config))
 
 
-def tiny_random_model(*, vocab_size: int, arch: str = "llama", seed: int = 0) -> nn.Module:
+def tiny_random_model(
+    *, vocab_size: int, arch: str = "llama", seed: int = 0, **overrides: Any
+) -> nn.Module:
+    """Random weights for the tiny `arch` config (with `overrides` of its entries)."""
     mx.random.seed(seed)
-    model = build(tiny_config(arch, vocab_size))
+    model = build({**tiny_config(arch, vocab_size), **overrides})
     # With mlx's default init, logits are nearly flat and greedy decoding repeats one
     # token; scaling the matrices 3x gives varied, context-dependent continuations.
     model.update(
