@@ -321,3 +321,16 @@ def test_an_architecture_the_engine_cannot_serve_is_refused_at_start() -> None:
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "model_load_failed"
         assert reason in r.json()["error"]["message"]
+
+
+def test_the_readme_lists_every_family_with_its_paths() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Model families and the path each takes")[1].split("\n#")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = {name: row for row in rows for name in row.split("|")[1].split("`")[1::2]}
+    cpu_words = {HAND_WRITTEN: "hand-written", ROWS: "mlx-lm forward", ONE_EACH: "per sequence"}
+    for family, (cpu, metal) in PATHS.items():
+        cells = named[family].split("|")
+        assert cpu_words[cpu.removesuffix(MLA)] in cells[3], family
+        assert ("latent" in cells[3]) == cpu.endswith(MLA), family
+        assert ("one forward" in cells[4]) == (metal == ONE_EACH), family
