@@ -17,6 +17,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import activations
 
+from warmfleet_daemon.engine import attention
+
 _NEG_LOG2E = -math.log2(math.e)
 _NAME = "swiglu"  # what mlx-lm's modules call
 _MLX_LM_SWIGLU = activations.swiglu
@@ -33,7 +35,7 @@ def install(model: nn.Module, *, cpu: bool) -> bool:
     back at mlx-lm's (another engine in this process may have swapped it). Idempotent;
     True when the exp2 one is in use."""
     installed = False
-    for layer in [model, *model.modules()]:
+    for layer in attention.layers(model):
         module = sys.modules.get(type(layer).__module__)
         if module is None or module is activations:  # where mlx-lm defines it: never
             continue

@@ -92,7 +92,7 @@ def hook_modules(model: nn.Module) -> list[ModuleType]:
     """The Python modules of the model's layers that define mlx-lm's attention function
     (a wrapper such as mistral3's keeps its layers in another module)."""
     seen: dict[str, ModuleType] = {}
-    for layer in [model, *model.modules()]:
+    for layer in layers(model):
         name = type(layer).__module__
         module = sys.modules.get(name)
         if name == base.__name__:  # where mlx-lm defines it: never rebound
@@ -104,7 +104,13 @@ def hook_modules(model: nn.Module) -> list[ModuleType]:
 
 def is_latent(model: nn.Module) -> bool:
     """Multi-head latent attention: layers with mlx-lm's per-head latent projections."""
-    return any(hasattr(m, "embed_q") and hasattr(m, "unembed_out") for m in model.modules())
+    return any(hasattr(m, "embed_q") and hasattr(m, "unembed_out") for m in layers(model))
+
+
+def layers(model: Any) -> list[Any]:
+    """The model and its submodules (a model that is not an nn.Module: itself)."""
+    modules = getattr(model, "modules", None)
+    return [model, *modules()] if callable(modules) else [model]
 
 
 def batch_layout(model: nn.Module) -> tuple[str | None, str]:
