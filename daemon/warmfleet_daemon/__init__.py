@@ -6,4 +6,4 @@ import os
 # PyTorch is missing; mlx-lm never needs PyTorch, so the advice is noise here.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-__version__ = "0.1.0"
+

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from warmfleet_daemon import __version__, otel
+from warmfleet_common import __version__, otel
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.warming import WarmManager
 

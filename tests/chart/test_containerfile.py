@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from helm import CHART, ROOT
+from support.helm import CHART, ROOT
 
 CONTAINERFILE = ROOT / "Containerfile"
 

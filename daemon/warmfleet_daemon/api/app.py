@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from warmfleet_daemon import __version__
+from warmfleet_common import __version__
 from warmfleet_daemon.api import (
     openapi,
     routes_cache_events,
@@ -18,7 +18,7 @@ from warmfleet_daemon.api import (
     routes_warm,
 )
 from warmfleet_daemon.api.errors import BodySizeLimit, CatchUnexpected, install_error_handlers
-from warmfleet_daemon.api.state import DaemonState
+from warmfleet_daemon.assembly import DaemonState
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.settings import DaemonSettings
 

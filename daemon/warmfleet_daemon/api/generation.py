@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from warmfleet_common.prompts import PromptError, PromptTooLong, RenderedPrompt
 from warmfleet_daemon.api.constraints import output_constraints
 from warmfleet_daemon.api.errors import APIError, error_body
 from warmfleet_daemon.api.schemas import (
@@ -26,11 +27,10 @@ from warmfleet_daemon.api.schemas import (
     PromptTokensDetails,
     UsageInfo,
 )
-from warmfleet_daemon.api.state import Ready
+from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.processors import TokenLogprob
 from warmfleet_daemon.engine.sampling import SamplingParams
-from warmfleet_daemon.prompts import PromptError, PromptTooLong, RenderedPrompt
 from warmfleet_daemon.settings import DaemonSettings
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from warmfleet_daemon.contract import ChatMessage, ToolDefinition
+from warmfleet_common.contract import ChatMessage, ToolDefinition
 
 
 class StreamOptions(BaseModel):
