@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -51,7 +52,11 @@ def test_image_runs_warmfleet_unprivileged_with_the_operator_by_default() -> Non
 
 
 def test_build_context_has_what_the_wheel_needs() -> None:
+    """Every folder the wheel's packages are found in (pyproject.toml says which)."""
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[0 if not ignore[0].startswith("#") else 1] == "**"
-    for needed in ("pyproject.toml", "README.md", "daemon", "operator"):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = project["tool"]["setuptools"]["packages"]["find"]["where"]
+    assert {"common", "daemon", "operator", "router", "cli"} <= set(folders)
+    for needed in ("pyproject.toml", "README.md", *folders):
         assert f"!{needed}" in ignore
