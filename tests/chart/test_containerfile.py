@@ -3,9 +3,9 @@ it runs `warmfleet` as an unprivileged user with the operator as its default com
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
-import re
 import sys
 from pathlib import Path
 
