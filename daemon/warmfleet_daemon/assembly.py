@@ -20,6 +20,7 @@ from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.engine.kv import BlockPayload
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
+from warmfleet_daemon.pins import TimedPins
 from warmfleet_daemon.settings import DaemonSettings, MiB
 from warmfleet_daemon.state_store import StateStore
 from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
@@ -38,6 +39,7 @@ class Ready:
     diagnostics: CacheDiagnostics
     events: CacheEventLog[BlockPayload]  # the router's feed: GET /v1/cache/events
     transfer: KVTransfer | None = None
+    pins: TimedPins | None = None  # prefixes kept by cache_control (Anthropic)
 
     @property
     def model(self) -> LoadedModel:
@@ -123,13 +125,16 @@ class DaemonState:
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()
+        budget, fraction = engine.config.cache_budget_bytes, settings.max_pinned_fraction
+        pins = TimedPins(engine.cache, lambda: int(budget * fraction))
+        pins.start()
         warm.start()
         warm.restore()
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
         # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
         self.ready = Ready(
-            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer
+            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer, pins
         )
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
@@ -148,6 +153,8 @@ class DaemonState:
     def shutdown(self) -> None:
         if self.ready is not None:
             self.ready.warm.stop()
+            if self.ready.pins is not None:
+                self.ready.pins.stop()
             self.ready.diagnostics.stop()
             if self.ready.transfer is not None:
                 self.ready.transfer.stop()

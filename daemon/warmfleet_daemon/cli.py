@@ -190,4 +190,3 @@ def convert(args: argparse.Namespace) -> int:
     path = convert_model(args.model, args.output, dtype=args.dtype)
     print(f"wrote {path}: serve it with `warmfleet serve --model {path}` or mlx_lm.server")
     return 0
-
