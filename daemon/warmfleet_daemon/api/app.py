@@ -15,6 +15,7 @@ from warmfleet_daemon.api import (
     routes_diagnostics,
     routes_kv,
     routes_openai,
+    routes_responses,
     routes_status,
     routes_warm,
 )
@@ -51,6 +52,7 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     app.add_middleware(CatchUnexpected)  # added last: the outermost
     app.include_router(routes_openai.router)
     app.include_router(routes_anthropic.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_status.router)
     app.include_router(routes_warm.router)
     app.include_router(routes_diagnostics.router)
