@@ -6,6 +6,7 @@ model routes answer 503 and `/readyz` says why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -46,6 +47,22 @@ class Ready:
         return self.engine.loaded
 
 
+def with_context(loaded: LoadedModel, max_context: int | None) -> LoadedModel:
+    """`--max-context N`: the context the daemon serves, whatever the model's config says
+    (agents' first requests are longer than some small models' configured contexts)."""
+    if max_context is None or max_context == loaded.context_length:
+        return loaded
+    if max_context > loaded.context_length:
+        log.warning(
+            "Serving %s with a %d-token context, beyond the %d tokens it was configured "
+            "for (--max-context): past that, its output is untested by its authors",
+            loaded.name,
+            max_context,
+            loaded.context_length,
+        )
+    return dataclasses.replace(loaded, context_length=max_context)
+
+
 @dataclass
 class DaemonState:
     settings: DaemonSettings
@@ -60,7 +77,7 @@ class DaemonState:
         def run() -> None:
             try:
                 t0 = time.perf_counter()
-                loaded = loader(self.settings.model)
+                loaded = with_context(loader(self.settings.model), self.settings.max_context)
                 self.attach(Engine(loaded, self.engine_config(loaded)))
                 log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
             except Exception as exc:  # reported on /readyz and in every 503 body
