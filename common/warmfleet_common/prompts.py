@@ -77,6 +77,12 @@ class RenderedPrompt:
     # (a cut of both, so the next turn reuses this whole prompt but the reply's header).
     reply_start: int = 0
 
+    @property
+    def content_start(self) -> int:
+        """Where the last message's content starts (0: unknown): what comes before it is
+        the prompt's static part."""
+        return max((c for c in self.cuts if c != self.reply_start), default=0)
+
 
 class PromptBuilder:
     """Renders chats with the model's template and tokenizes them with its tokenizer."""
