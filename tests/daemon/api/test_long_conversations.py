@@ -53,7 +53,7 @@ def test_renders_are_bounded_whatever_the_message_count() -> None:
     rendered = prompts.chat(conversation(1500))
     # 64 head messages, the last 3 and the reply: not 12 per message
     assert counting.renders <= 1 + 12 * 68
-    assert len(rendered.cuts) == 65  # the first 64 messages and the last one
+    assert len(rendered.cuts) == 68  # the first 64 messages, the last 3 and the reply
     # The last cut is where the last message's content starts (what warm-up relies on).
     other = prompts.chat([*conversation(1500)[:-1], {"role": "user", "content": "Q"}]).tokens
     shared = next(i for i, (a, b) in enumerate(zip(rendered.tokens, other)) if a != b)
