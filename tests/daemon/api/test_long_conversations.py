@@ -57,7 +57,7 @@ def test_renders_are_bounded_whatever_the_message_count() -> None:
     # The last cut is where the last message's content starts (what warm-up relies on).
     other = prompts.chat([*conversation(1500)[:-1], {"role": "user", "content": "Q"}]).tokens
     shared = next(i for i, (a, b) in enumerate(zip(rendered.tokens, other)) if a != b)
-    assert rendered.cuts[-1] <= shared <= rendered.cuts[-1] + 2
+    assert rendered.content_start <= shared <= rendered.content_start + 2
 
 
 def test_the_length_is_checked_before_any_cut() -> None:
