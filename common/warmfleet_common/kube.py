@@ -244,9 +244,7 @@ class KubeClient:
     async def patch_node_status(self, name: str, status: Mapping[str, Any]) -> None:
         await self.patch_status(f"/apis/{API_VERSION}/warmnodes/{name}", status)
 
-    async def patch_set_status(
-        self, namespace: str, name: str, status: Mapping[str, Any]
-    ) -> None:
+    async def patch_set_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         await self.patch_status(f"{warmpromptsets_path(namespace)}/{name}", status)
 
     async def list_versioned(self, path: str) -> tuple[list[dict[str, Any]], str]:
@@ -313,9 +311,7 @@ class KubeClient:
 
 def secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
     """A Secret's keys, decoded (`data` is base64, `stringData` plain), whitespace trimmed."""
-    data = {
-        k: base64.b64decode(v).decode().strip() for k, v in (secret.get("data") or {}).items()
-    }
+    data = {k: base64.b64decode(v).decode().strip() for k, v in (secret.get("data") or {}).items()}
     data.update({k: str(v).strip() for k, v in (secret.get("stringData") or {}).items()})
     return data
 

@@ -35,6 +35,9 @@ _MEMO_SIZE = 4096
 # rule depends on the message count only (chunking stays deterministic), and a next
 # turn still reuses the previous one's blocks up to its last block before that cut.
 _CUT_HEAD_MESSAGES = 64
+# ... and at the last few: the previous turn of an agent's conversation (its prompt ended
+# where the assistant message it got back starts) is then a cut of the next turn.
+_CUT_TAIL_MESSAGES = 3
 
 # For chat templates that ignore `tools` (the embedded SmolLM2's does): the Hermes/Qwen
 # convention, appended to the system message so the model sees the tool list.
@@ -68,6 +71,17 @@ class RenderedPrompt:
     tokens: tuple[int, ...]
     cuts: tuple[int, ...] = ()  # token positions where a message's content starts
     text: str | None = None
+    # Per message of the request: the cut where its content starts (0: none found).
+    message_starts: tuple[int, ...] = ()
+    # Where the reply's content starts: the next turn's assistant message starts there
+    # (a cut of both, so the next turn reuses this whole prompt but the reply's header).
+    reply_start: int = 0
+
+    @property
+    def content_start(self) -> int:
+        """Where the last message's content starts (0: unknown): what comes before it is
+        the prompt's static part."""
+        return max((c for c in self.cuts if c != self.reply_start), default=0)
 
 
 class PromptBuilder:
@@ -91,29 +105,41 @@ class PromptBuilder:
         add_generation_prompt: bool = True,
         max_tokens: int | None = None,
         cancelled: Callable[[], bool] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> RenderedPrompt:
         """Render and tokenize a chat request, with a cut where each message's content
         starts (`_cut_candidates`). Raises PromptTooLong with `max_tokens` tokens or
-        more, and PromptCancelled once `cancelled()` is true. Linear in the messages."""
+        more, and PromptCancelled once `cancelled()` is true. Linear in the messages.
+        `template_kwargs` go to the template (e.g. `enable_thinking`)."""
         if not messages:
             raise PromptError("messages must not be empty")
+        given = len(messages)
         messages, tools = self._with_tools(messages, tools)
-        text = self._render(messages, tools, add_generation_prompt)
+        added = len(messages) - given  # a system message that carries the tool list
+        kwargs = dict(template_kwargs or {})
+        text = self._render(messages, tools, add_generation_prompt, kwargs)
         tokens = self._encode(text, add_special_tokens=False)
         if max_tokens is not None and len(tokens) >= max_tokens:
             raise PromptTooLong(len(tokens))  # before any cut is looked for
-        cuts = []
+        starts = [0] * len(messages)
         for index in _cut_candidates(len(messages)):
             if cancelled is not None and cancelled():
                 raise PromptCancelled("the client went away")
-            found = self._content_start(messages, index, tools)
+            found = self._content_start(messages, index, tools, kwargs)
             if found is None:
                 continue
             cut, head_digest = found
             # Skip if the template renders this message differently once more follow.
             if 0 < cut < len(tokens) and _digest(tokens[:cut]) == head_digest:
-                cuts.append(cut)
-        return RenderedPrompt(tuple(tokens), tuple(sorted(set(cuts))), text)
+                starts[index] = cut
+        reply = 0
+        if add_generation_prompt:
+            reply_turn = [*messages, {"role": "assistant", "content": ""}]
+            found = self._content_start(reply_turn, len(messages), tools, kwargs)
+            if found is not None and 0 < found[0] < len(tokens):
+                reply = found[0] if _digest(tokens[: found[0]]) == found[1] else 0
+        cuts = tuple(sorted({c for c in [*starts, reply] if c}))
+        return RenderedPrompt(tuple(tokens), cuts, text, tuple(starts[added:]), reply)
 
     def completion(self, prompt: str | Sequence[int]) -> RenderedPrompt:
         if isinstance(prompt, str):
@@ -125,16 +151,20 @@ class PromptBuilder:
         return RenderedPrompt(tuple(int(t) for t in prompt))
 
     def shared_prefix(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> RenderedPrompt:
         """The strict prefix shared by every request that continues `messages` with one
         more user message: what warm-up prefills. Its end is a cut in those requests."""
         probe = [*messages, {"role": "user", "content": _PROBES[0]}]
-        rendered = self.chat(probe, tools)
-        last_cut = rendered.cuts[-1] if rendered.cuts else 0
+        rendered = self.chat(probe, tools, template_kwargs=template_kwargs)
+        last_cut = rendered.message_starts[-1] if rendered.message_starts else 0
         if not last_cut:
             raise PromptError("the chat template gives no stable prefix for these messages")
-        return RenderedPrompt(rendered.tokens[:last_cut], rendered.cuts[:-1], None)
+        cuts = tuple(c for c in rendered.cuts if c < last_cut)
+        return RenderedPrompt(rendered.tokens[:last_cut], cuts, None)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(tokens)))
@@ -153,6 +183,7 @@ class PromptBuilder:
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         add_generation_prompt: bool,
+        template_kwargs: Mapping[str, Any],
     ) -> str:
         if not self.has_chat_template:
             raise PromptError("this model has no chat template; use /v1/completions")
@@ -162,6 +193,7 @@ class PromptBuilder:
                 tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                **template_kwargs,
             )
         except TemplateError as exc:
             raise PromptError(f"chat template error: {exc}") from exc
@@ -182,7 +214,11 @@ class PromptBuilder:
         return [{"role": "system", "content": block}, *messages], None
 
     def _content_start(
-        self, messages: Sequence[Message], index: int, tools: Sequence[Mapping[str, Any]] | None
+        self,
+        messages: Sequence[Message],
+        index: int,
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any],
     ) -> tuple[int, bytes] | None:
         """Tokens before messages[index]'s content that no content can change, and their
         digest; None when the template gives no stable cut there. Memoized: system
@@ -190,7 +226,8 @@ class PromptBuilder:
         head = list(messages[:index])
         role = messages[index].get("role")
         key = hashlib.blake2b(
-            json.dumps([head, role, tools], sort_keys=True, default=str).encode(), digest_size=16
+            json.dumps([head, role, tools, template_kwargs], sort_keys=True, default=str).encode(),
+            digest_size=16,
         ).digest()
         with self._memo_lock:
             if key in self._content_starts:
@@ -200,7 +237,9 @@ class PromptBuilder:
         try:
             probes = [
                 self._encode(
-                    self._render([*head, {"role": role, "content": p}], tools, False),
+                    self._render(
+                        [*head, {"role": role, "content": p}], tools, False, template_kwargs
+                    ),
                     add_special_tokens=False,
                 )
                 for p in _PROBES
@@ -219,7 +258,8 @@ class PromptBuilder:
 def _cut_candidates(count: int) -> list[int]:
     """Indices of the messages whose content start becomes a cut."""
     head = list(range(min(count, _CUT_HEAD_MESSAGES)))
-    return head if count <= _CUT_HEAD_MESSAGES else [*head, count - 1]
+    tail = range(max(count - _CUT_TAIL_MESSAGES, _CUT_HEAD_MESSAGES), count)
+    return [*head, *tail]
 
 
 def _check_unicode(text: str) -> None:

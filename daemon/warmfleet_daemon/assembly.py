@@ -6,6 +6,7 @@ model routes answer 503 and `/readyz` says why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.engine.kv import BlockPayload
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
+from warmfleet_daemon.pins import TimedPins
 from warmfleet_daemon.settings import DaemonSettings, MiB
 from warmfleet_daemon.state_store import StateStore
 from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
@@ -38,10 +40,27 @@ class Ready:
     diagnostics: CacheDiagnostics
     events: CacheEventLog[BlockPayload]  # the router's feed: GET /v1/cache/events
     transfer: KVTransfer | None = None
+    pins: TimedPins | None = None  # prefixes kept by cache_control (Anthropic)
 
     @property
     def model(self) -> LoadedModel:
         return self.engine.loaded
+
+
+def with_context(loaded: LoadedModel, max_context: int | None) -> LoadedModel:
+    """`--max-context N`: the context the daemon serves, whatever the model's config says
+    (agents' first requests are longer than some small models' configured contexts)."""
+    if max_context is None or max_context == loaded.context_length:
+        return loaded
+    if max_context > loaded.context_length:
+        log.warning(
+            "Serving %s with a %d-token context, beyond the %d tokens it was configured "
+            "for (--max-context): past that, its output is untested by its authors",
+            loaded.name,
+            max_context,
+            loaded.context_length,
+        )
+    return dataclasses.replace(loaded, context_length=max_context)
 
 
 @dataclass
@@ -58,7 +77,7 @@ class DaemonState:
         def run() -> None:
             try:
                 t0 = time.perf_counter()
-                loaded = loader(self.settings.model)
+                loaded = with_context(loader(self.settings.model), self.settings.max_context)
                 self.attach(Engine(loaded, self.engine_config(loaded)))
                 log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
             except Exception as exc:  # reported on /readyz and in every 503 body
@@ -123,13 +142,16 @@ class DaemonState:
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()
+        budget, fraction = engine.config.cache_budget_bytes, settings.max_pinned_fraction
+        pins = TimedPins(engine.cache, lambda: int(budget * fraction))
+        pins.start()
         warm.start()
         warm.restore()
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
         # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
         self.ready = Ready(
-            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer
+            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer, pins
         )
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
@@ -148,6 +170,8 @@ class DaemonState:
     def shutdown(self) -> None:
         if self.ready is not None:
             self.ready.warm.stop()
+            if self.ready.pins is not None:
+                self.ready.pins.stop()
             self.ready.diagnostics.stop()
             if self.ready.transfer is not None:
                 self.ready.transfer.stop()

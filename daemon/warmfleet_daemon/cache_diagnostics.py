@@ -95,11 +95,11 @@ class CacheDiagnostics:
             return
         if event.usage is None:
             return
-        cuts = request.prompt.cuts
-        static = cuts[-1] if cuts else len(tokens)
+        start = request.prompt.content_start
+        static = start or len(tokens)
         seen = _Seen(
             tokens,
-            cuts[-1] if cuts else None,
+            start or None,
             event.usage.cached_tokens,
             missed=event.usage.cached_tokens < static,
         )

@@ -58,6 +58,14 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         help="prefill order: shortest remaining first, a prompt counting one block shorter per "
         "N chunks it waited (default 16; 0: no aging, long prompts can starve under load)",
     )
+    p.add_argument(
+        "--max-context",
+        type=int,
+        metavar="N",
+        help="context length to serve, beyond the model's configured one if need be (a "
+        "warning is logged; e.g. the embedded model's 8192 tokens are less than Claude "
+        "Code's first request)",
+    )
     p.add_argument("--default-max-tokens", type=int)
     p.add_argument("--default-temperature", type=float)
     p.add_argument(
@@ -190,4 +198,3 @@ def convert(args: argparse.Namespace) -> int:
     path = convert_model(args.model, args.output, dtype=args.dtype)
     print(f"wrote {path}: serve it with `warmfleet serve --model {path}` or mlx_lm.server")
     return 0
-

@@ -99,7 +99,7 @@ def render(builder: PromptBuilder, log: LoadedLog) -> list[PromptTokens]:
         try:
             if isinstance(entry, ChatEntry):
                 rendered = builder.chat(entry.messages, entry.tools)
-                static = rendered.cuts[-1] if rendered.cuts else None
+                static = rendered.content_start or None
                 prompts.append(PromptTokens(rendered.tokens, static))
             else:
                 prompts.append(PromptTokens(builder.completion(entry.prompt).tokens))

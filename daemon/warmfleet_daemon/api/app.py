@@ -10,10 +10,12 @@ from fastapi import FastAPI
 from warmfleet_common import __version__
 from warmfleet_daemon.api import (
     openapi,
+    routes_anthropic,
     routes_cache_events,
     routes_diagnostics,
     routes_kv,
     routes_openai,
+    routes_responses,
     routes_status,
     routes_warm,
 )
@@ -49,6 +51,8 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(CatchUnexpected)  # added last: the outermost
     app.include_router(routes_openai.router)
+    app.include_router(routes_anthropic.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_status.router)
     app.include_router(routes_warm.router)
     app.include_router(routes_diagnostics.router)

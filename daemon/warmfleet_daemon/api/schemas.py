@@ -176,6 +176,8 @@ class ChoiceLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    # vLLM's field: what a reasoning model wrote between its thinking markers.
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 

@@ -76,5 +76,8 @@ def test_the_document_names_the_real_error_codes() -> None:
     assert {"400", "404", "413", "499", "503"} <= codes("/v1/chat/completions", "post")
     assert {"400", "409", "413", "422", "503"} <= codes("/v1/warm-sets/{namespace}/{name}", "put")
     assert "422" not in codes("/v1/chat/completions", "post")
+    assert {"400", "404", "413", "499", "503"} <= codes("/v1/messages", "post")
+    error = paths["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]
+    assert error["schema"]["$ref"].endswith("/AnthropicErrorResponse")
     streamed = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert set(streamed) == {"application/json", "text/event-stream"}
