@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-BIN = [sys.executable, "-m", "warmfleet_daemon.cli"]
+BIN = [sys.executable, "-m", "warmfleet_cli"]
 TOKEN = "bench-fleet-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POLICIES = ("round-robin", "least-load", "session", "prefix")

@@ -147,7 +147,7 @@ async def main(args: argparse.Namespace) -> None:
             log = workdir / "operator.log"
             with log.open("w") as out:
                 operator = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "warmfleet_daemon.cli", "operator", "-A",
+                    sys.executable, "-m", "warmfleet_cli", "operator", "-A",
                     "--liveness", "", "--resync-seconds", str(args.resync),
                     "--probe-seconds", str(args.probe),
                     env={**os.environ, "KUBECONFIG": str(kubeconfig)},

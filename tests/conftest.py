@@ -24,9 +24,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # -- models and engines ------------------------------------------------------------
 
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 
-from support import model  # noqa: E402
+from support.engine import model  # noqa: E402
+from support.processes import Daemon, start_daemon  # noqa: E402
 from warmfleet_daemon.engine.core import Engine, EngineConfig  # noqa: E402
 from warmfleet_daemon.models.loader import LoadedModel  # noqa: E402
 
@@ -54,3 +55,30 @@ def make_engine() -> EngineFactory:
         return Engine(loaded, EngineConfig(block_size, budget, max_num_seqs))
 
     return make
+
+
+# -- real daemons: `warmfleet serve` in a subprocess on 127.0.0.1, reached over HTTP ---
+
+
+@pytest.fixture(scope="session")
+def daemon_factory() -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def factory(*args: str, env: dict[str, str] | None = None) -> Daemon:
+        daemon = start_daemon(*args, env=env)
+        started.append(daemon)
+        return daemon
+
+    yield factory
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_daemon(daemon_factory: Callable[..., Daemon]) -> Daemon:
+    return daemon_factory("--model", "tiny-random", "--block-size", "32")
+
+
+@pytest.fixture(scope="session")
+def embedded_daemon(daemon_factory: Callable[..., Daemon]) -> Daemon:
+    return daemon_factory("--model", "default")

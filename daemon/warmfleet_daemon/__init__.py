@@ -5,5 +5,3 @@ import os
 # transformers (pulled in by mlx-lm for tokenizers) advises at import time that
 # PyTorch is missing; mlx-lm never needs PyTorch, so the advice is noise here.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
-__version__ = "0.1.0"

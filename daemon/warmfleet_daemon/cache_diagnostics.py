@@ -23,6 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
+from warmfleet_daemon.background import BackgroundThread
 from warmfleet_daemon.divergence import Decode, DivergenceReport, PromptTokens, analyze
 from warmfleet_daemon.engine.core import Event, GenerationRequest
 
@@ -67,10 +68,8 @@ class CacheDiagnostics:
         self._refresh_s = refresh_s
         self._observed = 0
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._worker = BackgroundThread("warmfleet-diagnostics", self._lock)
         self._wanted = False  # a caller waits for a report of the current window
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         # fresh_report() callers: (requests observed when asked, their loop, a future)
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._memo = _Memo(0, time.monotonic(), self._analyze([], []))
@@ -78,15 +77,10 @@ class CacheDiagnostics:
     # -- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="warmfleet-diagnostics", daemon=True)
-        self._thread.start()
+        self._worker.start(self._run)
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._worker.stop()
 
     def observe(self, request: GenerationRequest, event: Event) -> None:
         """Engine observer (engine thread): O(1), no analysis here."""
@@ -101,11 +95,11 @@ class CacheDiagnostics:
             return
         if event.usage is None:
             return
-        cuts = request.prompt.cuts
-        static = cuts[-1] if cuts else len(tokens)
+        start = request.prompt.content_start
+        static = start or len(tokens)
         seen = _Seen(
             tokens,
-            cuts[-1] if cuts else None,
+            start or None,
             event.usage.cached_tokens,
             missed=event.usage.cached_tokens < static,
         )
@@ -113,7 +107,7 @@ class CacheDiagnostics:
             self._window.append(seen)
             self._observed += 1
             if self._memo.observed == 0:  # the first traffic: analyze it soon
-                self._wake.notify_all()
+                self._worker.wake.notify_all()
 
     def report(self) -> dict[str, Any]:
         """The latest diagnostics document (never waits for an analysis)."""
@@ -131,7 +125,7 @@ class CacheDiagnostics:
                 return self._memo.report
             self._waiters.append((observed, loop, done))
             self._wanted = True
-            self._wake.notify_all()
+            self._worker.wake.notify_all()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(done, timeout_s)
         return self._memo.report
@@ -160,9 +154,9 @@ class CacheDiagnostics:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self._due():
-                    self._wake.wait(timeout=1.0)
-                if self._stopping:
+                while not self._worker.stopping and not self._due():
+                    self._worker.wake.wait(timeout=1.0)
+                if self._worker.stopping:
                     return
                 self._wanted = False
                 window, warm, observed = (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, Literal, TypeVar
 
-from warmfleet_daemon.chunking import BlockKey, Chunk
+from warmfleet_common.chunking import BlockKey, Chunk
 
 P = TypeVar("P")
 T = TypeVar("T")

@@ -60,6 +60,12 @@ class DaemonSettings(BaseSettings):
         description="a waiting prompt counts one block shorter per N chunks prefilled for "
         "others (bounds a long prompt's wait); 0: plain shortest-first",
     )
+    max_context: int | None = Field(
+        None,
+        ge=16,
+        description="serve this many tokens of context, beyond the model's configured "
+        "length if need be (logged as a warning: quality past it is the model's own)",
+    )
     default_max_tokens: int = Field(512, ge=1)
     default_temperature: float = Field(
         1.0, ge=0.0, le=2.0, description="when a request sets none (OpenAI's default is 1)"

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from warmfleet_daemon.contract import DNS_LABEL, DNS_SUBDOMAIN, WarmSetSpec
+from warmfleet_common.contract import DNS_LABEL, DNS_SUBDOMAIN, WarmSetSpec
 
 log = logging.getLogger(__name__)
 

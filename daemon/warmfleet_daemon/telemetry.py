@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from warmfleet_daemon import __version__, otel
+from warmfleet_common import __version__, otel
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.warming import WarmManager
 
@@ -248,6 +248,5 @@ def cache_outcome(request: GenerationRequest, cached_tokens: int) -> str:
     cuts, the whole prompt); partial: some of it; miss: none."""
     if cached_tokens == 0:
         return "miss"
-    cuts = request.prompt.cuts
-    static = cuts[-1] if cuts else len(request.prompt.tokens)
+    static = request.prompt.content_start or len(request.prompt.tokens)
     return "hit" if cached_tokens >= static else "partial"

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from warmfleet_daemon.chunking import BlockKey
-from warmfleet_daemon.contract import (
+from warmfleet_common.chunking import BlockKey
+from warmfleet_common.contract import (
     CacheClearResult,
     PromptState,
     WarmPrompt,
@@ -30,10 +30,11 @@ from warmfleet_daemon.contract import (
     WarmSetSpec,
     WarmSetStatus,
 )
+from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
+from warmfleet_daemon.background import BackgroundThread
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
-from warmfleet_daemon.prompts import PromptBuilder, PromptError, RenderedPrompt
 from warmfleet_daemon.state_store import StateStore, StateTooLarge, invalid_key
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,28 @@ class Limits:
 
 
 class WarmSetError(Exception):
-    """A set that cannot be applied; nothing was changed."""
+    """A set that cannot be applied; nothing was changed. `param`: the field at fault."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
         self.message = message
         self.param = param
+
+
+class WarmSetInvalid(WarmSetError):
+    """The set cannot be warmed as written (a bad prompt, too many sets or prompts)."""
+
+
+class WarmSetTooLarge(WarmSetError):
+    """The set is larger than a limit (message size, pinned cache, the state file)."""
+
+
+class WarmSetStale(WarmSetError):
+    """An older generation than the one applied."""
+
+
+class StateNotSaved(WarmSetError):
+    """The state directory could not be written: the change was not made."""
 
 
 @dataclass(eq=False)
@@ -146,26 +162,19 @@ class WarmManager:
         self.store = store
         self._sets: dict[SetKey, _Set] = {}
         self._lock = threading.RLock()
-        self._wake = threading.Condition(self._lock)
+        self._worker = BackgroundThread("warmfleet-warmup", self._lock)
         self._epoch = 0
         self._round: _Round | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = False
         # Called with (namespace, name, "warm" | "failed", seconds) after each warm-up.
         self.observers: list[Callable[[str, str, str, float], None]] = []
 
     # -- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="warmfleet-warmup", daemon=True)
-        self._thread.start()
+        self._worker.start(self._run)
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._worker.stop()
 
     def restore(self) -> int:
         """Re-apply the sets saved in the state directory. Returns how many."""
@@ -202,7 +211,7 @@ class WarmManager:
         at start-up) is kept as failed, with its reason, while the others warm."""
         problem = invalid_key(namespace, name)
         if problem:
-            raise WarmSetError(422, problem, "name")
+            raise WarmSetInvalid(problem, "name")
         rendered = self._validate(namespace, name, spec, keep_going)
         set_hash = _hash(
             [spec.concurrency, spec.pin, [(n, _content(r)) for n, r in rendered.items()]]
@@ -215,8 +224,7 @@ class WarmManager:
                 and spec.uid == old.spec.uid
                 and spec.generation < old.spec.generation
             ):
-                raise WarmSetError(
-                    409,
+                raise WarmSetStale(
                     f"generation {spec.generation} is older than the applied "
                     f"{old.spec.generation}; nothing changed",
                     "generation",
@@ -257,7 +265,7 @@ class WarmManager:
                         self._repin(entry)
             self._sets[key] = _Set(namespace, name, spec, set_hash, entries)
             self._sync_snapshots()
-            self._wake.notify_all()
+            self._worker.wake.notify_all()
             return self._sets[key].status()
 
     def delete(self, namespace: str, name: str) -> bool:
@@ -293,7 +301,7 @@ class WarmManager:
                 if entry.state is not PromptState.WARMING:
                     entry.state = PromptState.PENDING
             scheduled = any(True for _ in self._entries())
-            self._wake.notify_all()
+            self._worker.wake.notify_all()
         return CacheClearResult(rewarm_scheduled=scheduled, entries_removed=removed)
 
     def readiness(self) -> tuple[bool, str]:
@@ -316,10 +324,9 @@ class WarmManager:
         limits = self.limits
         with self._lock:
             if (namespace, name) not in self._sets and len(self._sets) >= limits.max_sets:
-                raise WarmSetError(422, f"too many warm sets (at most {limits.max_sets})")
+                raise WarmSetInvalid(f"too many warm sets (at most {limits.max_sets})")
         if len(spec.prompts) > limits.max_prompts_per_set:
-            raise WarmSetError(
-                422,
+            raise WarmSetInvalid(
                 f"{len(spec.prompts)} prompts; at most {limits.max_prompts_per_set} per set",
                 "prompts",
             )
@@ -340,8 +347,7 @@ class WarmManager:
         limit = self.limits.max_message_chars
         for j, message in enumerate(prompt.messages):
             if message.text_length() > limit:
-                raise WarmSetError(
-                    413,
+                raise WarmSetTooLarge(
                     f"prompt {prompt.name!r} message {j} has {message.text_length()} "
                     f"characters; the limit is {limit}",
                     f"{param}.messages.{j}",
@@ -351,11 +357,10 @@ class WarmManager:
                 prompt.template_messages(), prompt.template_tools()
             )
         except PromptError as exc:
-            raise WarmSetError(422, f"prompt {prompt.name!r}: {exc}", param) from exc
+            raise WarmSetInvalid(f"prompt {prompt.name!r}: {exc}", param) from exc
         context = self.engine.loaded.context_length
         if len(rendered.tokens) >= context:
-            raise WarmSetError(
-                422,
+            raise WarmSetInvalid(
                 f"prompt {prompt.name!r} has {len(rendered.tokens)} tokens before the user "
                 f"message; the model's context is {context}",
                 param,
@@ -376,8 +381,7 @@ class WarmManager:
             )
         if others + need > allowed:
             mib = 1 << 20
-            raise WarmSetError(
-                413,
+            raise WarmSetTooLarge(
                 f"the set needs about {need / mib:.1f} MiB of pinned prefix cache; "
                 f"{allowed / mib:.1f} MiB may be pinned ({self.limits.max_pinned_fraction:.0%} "
                 f"of the {budget / mib:.1f} MiB budget) and other sets pin "
@@ -389,7 +393,7 @@ class WarmManager:
 
     def _run(self) -> None:
         with self._lock:
-            while not self._stopping:
+            while not self._worker.stopping:
                 for warm_set in list(self._sets.values()):
                     in_flight = sum(
                         p.state is PromptState.WARMING for p in warm_set.prompts.values()
@@ -400,7 +404,7 @@ class WarmManager:
                         if entry.state is PromptState.PENDING:
                             self._launch(warm_set, entry)
                             in_flight += 1
-                self._wake.wait(timeout=1.0)
+                self._worker.wake.wait(timeout=1.0)
 
     def _launch(self, warm_set: _Set, entry: _Prompt) -> None:
         entry.state = PromptState.WARMING
@@ -468,7 +472,7 @@ class WarmManager:
                         time.perf_counter() - started,
                     )
             self._maybe_report()
-            self._wake.notify_all()
+            self._worker.wake.notify_all()
 
     def _note(self, entry: _Prompt, label: str, *, ok: bool) -> None:
         r = self._round or _Round()
@@ -540,11 +544,11 @@ class WarmManager:
         try:
             self.store.save(specs)
         except StateTooLarge as exc:
-            raise WarmSetError(413, f"{exc}; nothing changed", "prompts") from exc
+            raise WarmSetTooLarge(f"{exc}; nothing changed", "prompts") from exc
         except OSError as exc:
             log.error("warm-set state not saved to %s: %s", self.store.path, exc)
-            raise WarmSetError(
-                503, f"the warm-set state cannot be saved ({exc}); nothing changed"
+            raise StateNotSaved(
+                f"the warm-set state cannot be saved ({exc}); nothing changed"
             ) from exc
 
     def _sync_snapshots(self) -> None:

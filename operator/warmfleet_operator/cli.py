@@ -51,14 +51,19 @@ def run(args: argparse.Namespace) -> int:
         )
         _quiet_http_client()
         return _run_local(Path(args.local), args)
-    # The handlers read their periods at import.
-    os.environ["WARMFLEET_RESYNC_SECONDS"] = str(args.resync_seconds)
-    os.environ["WARMFLEET_PROBE_SECONDS"] = str(args.probe_seconds)
-    if args.operator_namespace:
-        os.environ["WARMFLEET_OPERATOR_NAMESPACE"] = args.operator_namespace
     import kopf
 
     import warmfleet_operator.handlers  # noqa: F401  (registers the handlers)
+    from warmfleet_operator.config import OperatorConfig
+
+    config = OperatorConfig(
+        resync_seconds=args.resync_seconds,
+        probe_seconds=args.probe_seconds,
+        # The chart sets WARMFLEET_OPERATOR_NAMESPACE to the pod's namespace.
+        operator_namespace=args.operator_namespace
+        or os.environ.get("WARMFLEET_OPERATOR_NAMESPACE")
+        or None,
+    )
 
     kopf.configure(verbose=args.verbose)  # kopf's own log format, one handler
     _quiet_http_client()
@@ -67,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
         standalone=True,
+        memo=kopf.Memo(config=config),
     )
     return 0
 

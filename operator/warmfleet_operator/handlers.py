@@ -1,21 +1,24 @@
 """kopf handlers: thin. Indices keep WarmNodes, ConfigMaps and WarmPromptSets in
-memory (no API reads per reconcile); every handler hands over to `Service`, and the
-`Prober` follows the daemons between events."""
+memory (no API reads per reconcile); every handler hands over to `Service`; the `Prober`
+follows the daemons between events, and every resync period each set is reconciled
+again (drift repair). The command line's settings arrive in kopf's memo."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, cast
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import kopf
 
-from warmfleet_operator.client import DaemonClient, KubeClient
-from warmfleet_operator.model import GROUP, VERSION, Node, SetKey
+from warmfleet_common.crd import GROUP, VERSION, Node, SetKey
+from warmfleet_common.kube import KubeClient
+from warmfleet_operator.client import DaemonClient
+from warmfleet_operator.coalesce import Coalesced
+from warmfleet_operator.config import OperatorConfig
+from warmfleet_operator.diffbase import DigestDiffBase
+from warmfleet_operator.objects import FINALIZER
 from warmfleet_operator.prober import Prober
 from warmfleet_operator.reconcile import changed, condition, referenced_configmaps
 from warmfleet_operator.service import Service
@@ -23,65 +26,8 @@ from warmfleet_operator.service import Service
 log = logging.getLogger(__name__)
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
-RESYNC_SECONDS = float(os.environ.get("WARMFLEET_RESYNC_SECONDS", "30"))
-PROBE_SECONDS = float(os.environ.get("WARMFLEET_PROBE_SECONDS", "5"))
-FAST_PROBE_SECONDS = min(0.5, PROBE_SECONDS)  # while warming, after a push, unreachable
-DELETE_RETRIES = int(os.environ.get("WARMFLEET_DELETE_RETRIES", "5"))
 RETARGET_DELAY = 0.5  # coalesce bursts of WarmNode changes into one pass
 FOLLOW_DELAY = 0.05  # coalesce probe reports of several nodes into one pass per set
-
-
-class DigestDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's diff base as digests: kopf's default copies the whole spec into an
-    annotation, which fails for specs over ~128 KiB (annotations total 256 KiB, and
-    kubectl apply keeps a copy too). Handlers here read the new body, never `old` or
-    `diff`, so a digest per section says all they need: whether it changed."""
-
-    LEGACY = "kopf.zalando.org/last-handled-configuration"
-
-    def __init__(self) -> None:
-        super().__init__(prefix="warmfleet.io", key="last-handled-digest")
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        digests = super().fetch(body=body)
-        if digests is None:
-            return None
-        current = _sections(self.build(body=body))
-        old: dict[str, Any] = {}
-        for path, digest in dict(digests).items():
-            value = current.get(path)
-            _put(old, path, value if _digest(value) == digest else {"digest": digest})
-        return cast(kopf.BodyEssence, old)
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        digests = {path: _digest(value) for path, value in _sections(essence).items()}
-        super().store(body=body, patch=patch, essence=cast(kopf.BodyEssence, digests))
-        if self.LEGACY in body.metadata.annotations:
-            patch.metadata.annotations[self.LEGACY] = None  # the full copy it replaces
-
-
-def _sections(essence: Mapping[str, Any]) -> dict[str, Any]:
-    """Top-level fields, and metadata's (labels, annotations) one by one."""
-    out: dict[str, Any] = {}
-    for key, value in essence.items():
-        if key == "metadata" and isinstance(value, Mapping):
-            out.update({f"metadata.{k}": v for k, v in value.items()})
-        else:
-            out[key] = value
-    return out
-
-
-def _put(target: dict[str, Any], path: str, value: Any) -> None:
-    head, _, rest = path.partition(".")
-    if rest:
-        target.setdefault(head, {})[rest] = value
-    else:
-        target[head] = value
-
-
-def _digest(value: Any) -> str:
-    raw = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 @kopf.on.startup()
@@ -95,18 +41,18 @@ async def startup(
 ) -> None:
     settings.peering.standalone = True  # one replica; no peering objects needed
     settings.posting.level = logging.WARNING  # Kubernetes events for warnings and errors
-    settings.persistence.finalizer = "warmfleet.io/unwarm"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.diffbase_storage = DigestDiffBase()
     # Progress in annotations only: the API server prunes status.kopf (not in the schema).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
-    # Secrets without a namespace: WARMFLEET_OPERATOR_NAMESPACE (the chart sets it to
-    # the pod's namespace), else the namespace kopf logs in with.
-    memo.kube = KubeClient(default_namespace=os.environ.get("WARMFLEET_OPERATOR_NAMESPACE"))
+    # The command line's settings; the defaults when kopf was started without them.
+    config = memo.config = getattr(memo, "config", None) or OperatorConfig()
+    memo.kube = KubeClient(default_namespace=config.operator_namespace)
     memo.daemons = DaemonClient(memo.kube)
     # Passes read what settled nodes hold from their recent probes (kept current by our
     # pushes); the prober flags any change it sees, so the snapshot may be a few periods
     # old, which a busy operator's probes can be, without asking every node again.
-    memo.service = Service(memo.daemons, snapshot_max_age=max(30.0, 3 * PROBE_SECONDS))
+    memo.service = Service(memo.daemons, snapshot_max_age=max(30.0, 3 * config.probe_seconds))
     memo.retarget = Coalesced(RETARGET_DELAY)
     memo.follow = Coalesced(FOLLOW_DELAY)
     memo.pending = set()  # sets to reconcile after probes saw them change
@@ -126,17 +72,19 @@ async def startup(
         nodes=nodes,
         write_status=memo.kube.patch_node_status,
         on_change=on_change,
-        period=PROBE_SECONDS,
-        fast=FAST_PROBE_SECONDS,
+        period=config.probe_seconds,
+        fast=config.fast_probe_seconds,
     )
     memo.service.on_push = lambda node: memo.prober.poke(node.name)
     memo.prober_task = asyncio.create_task(memo.prober.run())
+    memo.resync_task = asyncio.create_task(_resync(memo))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    memo.prober_task.cancel()
-    await asyncio.gather(memo.prober_task, return_exceptions=True)
+    for task in (memo.prober_task, memo.resync_task):
+        task.cancel()
+    await asyncio.gather(memo.prober_task, memo.resync_task, return_exceptions=True)
     await memo.retarget.close()
     await memo.follow.close()
     await memo.daemons.close()
@@ -204,27 +152,6 @@ async def reconcile_set(
         patch.status.update(status)
 
 
-@kopf.timer(GROUP, VERSION, "warmpromptsets", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync_set(
-    namespace: str | None,
-    name: str,
-    body: kopf.Body,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    warmnodes: kopf.Index[str, Any],
-    configmaps: kopf.Index[tuple[str, str], Any],
-    logger: Logger,
-    **_: Any,
-) -> None:
-    """Drift repair: a restarted daemon lost its sets, warm-ups progressed, a push
-    failed earlier. Idempotent, and in-sync nodes are not even asked: their probes
-    already said what they hold."""
-    key = SetKey(namespace or "", name)
-    status = await _reconcile(memo, key, body, warmnodes, configmaps, logger, fresh=False)
-    if status is not None:
-        patch.status.update(status)
-
-
 @kopf.on.delete(GROUP, VERSION, "warmpromptsets")
 async def unwarm_set(
     namespace: str | None,
@@ -258,7 +185,7 @@ async def unwarm_set(
         )
     if not failed.unreachable:
         return
-    if retry < DELETE_RETRIES:
+    if retry < memo.config.delete_retries:
         raise kopf.TemporaryError(
             f"cannot reach {', '.join(failed.unreachable)}; retrying", delay=min(2**retry, 30)
         )
@@ -294,7 +221,7 @@ async def configmap_changed(
             key = SetKey(meta["namespace"], meta["name"])
             status = await _reconcile(memo, key, kopf.Body(wps), warmnodes, configmaps, logger)
             if status is not None:
-                await memo.kube.patch_set_status(key, status)
+                await memo.kube.patch_set_status(key.namespace, key.name, status)
 
 
 @kopf.on.create(GROUP, VERSION, "warmnodes")
@@ -330,33 +257,6 @@ async def node_deleted(body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: An
 
 
 # -- helpers --------------------------------------------------------------------------
-
-
-class Coalesced:
-    """Runs a pass once, `delay` after the first trigger of a burst, and once more if
-    triggered while it ran. kopf gives each object a shallow copy of the memo, so this
-    mutable holder is what the handlers of all WarmNodes share."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self._pending = False
-        self._task: asyncio.Task[None] | None = None
-
-    def trigger(self, run: Callable[[], Awaitable[None]]) -> None:
-        self._pending = True
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._loop(run))
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _loop(self, run: Callable[[], Awaitable[None]]) -> None:
-        while self._pending:
-            await asyncio.sleep(self.delay)
-            self._pending = False
-            await run()
 
 
 async def _reconcile(
@@ -398,6 +298,18 @@ async def _reconcile(
     return dict(outcome.status) if changed(status, outcome.status) else None
 
 
+async def _resync(memo: kopf.Memo) -> None:
+    """Drift repair, every resync period: a restarted daemon lost its sets, warm-ups
+    progressed, a push failed earlier. Every set is reconciled; in-sync nodes are not
+    even asked (their probes already said what they hold)."""
+    while True:
+        await asyncio.sleep(memo.config.resync_seconds)
+        try:
+            await _retarget(memo)
+        except Exception:  # the next period tries again
+            log.exception("drift repair failed")
+
+
 async def _retarget(memo: kopf.Memo) -> None:
     """Reconcile every set (drift-repair style: nodes with a recent probe are not asked)."""
     memo.pending.update(_set_keys(memo.indices[0]))
@@ -420,7 +332,7 @@ async def _follow(memo: kopf.Memo) -> None:
                 memo, key, kopf.Body(wps), warmnodes, configmaps, log, fresh=False
             )
             if status is not None:
-                await memo.kube.patch_set_status(key, status)
+                await memo.kube.patch_set_status(key.namespace, key.name, status)
         except Exception:  # the resync timer tries again shortly
             log.exception("reconciling %s failed", key)
 

@@ -6,77 +6,23 @@ status changes and writes all statuses to a JSON file."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from warmfleet_operator.client import DaemonClient, DaemonError
-from warmfleet_operator.model import GROUP, Node, SecretRef, SetKey
+from warmfleet_common.crd import Node, SecretRef, SetKey
+from warmfleet_common.folder import Folder, read_folder
+from warmfleet_common.kube import SecretError
+from warmfleet_operator.client import DaemonClient
 from warmfleet_operator.reconcile import condition
 from warmfleet_operator.service import Service
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Folder:
-    """Everything the folder declares, by kind."""
-
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    sets: dict[SetKey, dict[str, Any]] = field(default_factory=dict)
-    configmaps: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
-    secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
-    generations: dict[SetKey, int] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-
-
-def read_folder(directory: Path) -> Folder:
-    folder = Folder()
-    for path in sorted(directory.glob("*.y*ml")):
-        try:
-            documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        except (OSError, yaml.YAMLError) as exc:
-            folder.errors.append(f"{path.name}: {exc}")
-            continue
-        for doc in documents:
-            _add(folder, doc, path)
-    return folder
-
-
-def _add(folder: Folder, doc: Any, path: Path) -> None:
-    if not isinstance(doc, dict) or "kind" not in doc:
-        folder.errors.append(f"{path.name}: a document without a kind")
-        return
-    kind, meta = doc["kind"], doc.get("metadata") or {}
-    name, namespace = meta.get("name"), meta.get("namespace") or "default"
-    if not name:
-        folder.errors.append(f"{path.name}: a {kind} without metadata.name")
-    elif kind == "WarmNode" and doc.get("apiVersion", "").startswith(GROUP):
-        folder.nodes[name] = doc
-    elif kind == "WarmPromptSet" and doc.get("apiVersion", "").startswith(GROUP):
-        key = SetKey(namespace, name)
-        folder.sets[key] = doc
-        # No API server counts generations here: the file's age stands in, it grows on edit.
-        folder.generations[key] = int(path.stat().st_mtime)
-    elif kind == "ConfigMap":
-        folder.configmaps[(namespace, name)] = {
-            k: str(v) for k, v in (doc.get("data") or {}).items()
-        }
-    elif kind == "Secret":
-        data = {k: base64.b64decode(v).decode().strip() for k, v in (doc.get("data") or {}).items()}
-        data.update({k: str(v).strip() for k, v in (doc.get("stringData") or {}).items()})
-        folder.secrets[(namespace, name)] = data
-    else:
-        folder.errors.append(f"{path.name}: {kind} {name} is not used in local mode")
 
 
 class FolderTokens:
@@ -87,9 +33,9 @@ class FolderTokens:
         namespace = ref.namespace or "default"
         data = self.folder.secrets.get((namespace, ref.name))
         if data is None or ref.key not in data:
-            raise DaemonError(
+            raise SecretError(
                 f"admin token Secret {namespace}/{ref.name} (key {ref.key!r}) not in the folder",
-                status=401,
+                transient=False,
             )
         return data[ref.key]
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from warmfleet_operator.model import Node, SetKey
+from warmfleet_common.crd import Node, SetKey
 from warmfleet_operator.reconcile import changed, condition
 from warmfleet_operator.service import Service
 

@@ -12,8 +12,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from warmfleet_daemon.contract import PEER_URL, PromptState, WarmSetSpec, WarmSetStatus
-from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
+from warmfleet_common.contract import PEER_URL, PromptState, WarmSetSpec, WarmSetStatus
+from warmfleet_common.crd import Node, SetKey
+from warmfleet_operator.objects import InvalidSpec, Observation, Push, Remove
 
 ConfigMaps = Mapping[tuple[str, str], Mapping[str, str]]  # (namespace, name) -> data
 

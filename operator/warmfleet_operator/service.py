@@ -14,10 +14,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from warmfleet_daemon.contract import WarmSetSpec, WarmSetStatus
+from warmfleet_common.contract import WarmSetSpec, WarmSetStatus
+from warmfleet_common.crd import Node, SetKey
 from warmfleet_operator import reconcile
 from warmfleet_operator.client import DaemonClient, DaemonError
-from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, Remove, SetKey
+from warmfleet_operator.objects import InvalidSpec, Observation, Push, Remove
 from warmfleet_operator.reconcile import ConfigMaps
 
 log = logging.getLogger(__name__)

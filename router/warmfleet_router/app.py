@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from warmfleet_daemon import __version__
+from warmfleet_common import __version__
 from warmfleet_router.discovery import Source
 from warmfleet_router.fleet import Fleet, RouterOptions
 from warmfleet_router.metrics import RouterMetrics

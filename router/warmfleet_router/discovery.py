@@ -17,11 +17,19 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from warmfleet_operator.model import GROUP, VERSION, Node
+from warmfleet_common.crd import WARMNODES, Node
+from warmfleet_common.folder import read_folder
+from warmfleet_common.kube import (
+    KubeClient,
+    LoginError,
+    SecretError,
+    WatchExpired,
+    WatchFailed,
+    login,
+)
 from warmfleet_router.backend import BackendSpec
 
 log = logging.getLogger(__name__)
-NODES = f"/apis/{GROUP}/{VERSION}/warmnodes"
 
 
 class Source(Protocol):
@@ -75,8 +83,6 @@ class FolderSource:
         self._token = token  # for nodes that name no Secret
 
     async def specs(self) -> list[BackendSpec]:
-        from warmfleet_operator.local import read_folder
-
         folder = read_folder(self.directory)
         out: list[BackendSpec] = []
         for doc in folder.nodes.values():
@@ -122,26 +128,19 @@ class ClusterSource:
         watch_timeout: float = 300.0,
         backoff: tuple[float, float] = (0.5, 30.0),
     ) -> None:
-        import kopf
-
-        from warmfleet_operator.client import KubeClient
-
         self._token = token  # for nodes that name no Secret
         self._token_interval = token_interval
         self._watch_timeout = watch_timeout
         self._backoff = backoff
         self._kube = KubeClient(default_namespace=namespace)
         self._unreadable: dict[str, str] = {}  # node -> why its Secret could not be read
-        settings = kopf.OperatorSettings()
-        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-            settings=settings
-        )
-        if info is None:
-            raise ValueError("--from-cluster: no kubeconfig and no in-cluster service account")
-        self._kube.configure_from(info)
+        try:
+            self._kube.configure_from(login(in_cluster_first=True))
+        except LoginError as exc:
+            raise ValueError(f"--from-cluster: {exc}") from exc
 
     async def specs(self) -> list[BackendSpec]:
-        items, _ = await self._kube.list_versioned(NODES)
+        items, _ = await self._kube.list_versioned(WARMNODES)
         return await self._resolve(items)
 
     async def changes(self) -> AsyncIterator[list[BackendSpec]]:
@@ -169,12 +168,10 @@ class ClusterSource:
 
     async def _watch(self, nodes: dict[str, dict[str, Any]], changed: asyncio.Event) -> None:
         """Keep `nodes` (name -> WarmNode) equal to the cluster's; set `changed`."""
-        from warmfleet_operator.client import WatchExpired, WatchFailed
-
         delay = self._backoff[0]
         while True:
             try:
-                items, version = await self._kube.list_versioned(NODES)
+                items, version = await self._kube.list_versioned(WARMNODES)
                 nodes.clear()
                 nodes.update({_name(item): item for item in items})
                 changed.set()
@@ -182,7 +179,7 @@ class ClusterSource:
                     # Spread the watches' ends, as client-go does.
                     timeout = self._watch_timeout * random.uniform(0.8, 1.0)
                     began = asyncio.get_running_loop().time()
-                    async for event in self._kube.watch(NODES, version, timeout):
+                    async for event in self._kube.watch(WARMNODES, version, timeout):
                         version = _version(event) or version
                         if event.get("type") == "BOOKMARK":
                             continue
@@ -210,8 +207,6 @@ class ClusterSource:
                 delay = min(delay * 2, self._backoff[1])
 
     async def _resolve(self, items: Sequence[dict[str, Any]]) -> list[BackendSpec]:
-        from warmfleet_operator.client import DaemonError
-
         out = []
         for item in sorted(items, key=_name):
             node = Node.from_object(item)
@@ -220,7 +215,7 @@ class ClusterSource:
                 try:
                     token = await self._kube.token(node.token_ref)
                     self._unreadable.pop(node.name, None)
-                except DaemonError as exc:  # one unreadable Secret must not stop discovery
+                except SecretError as exc:  # one unreadable Secret must not stop discovery
                     if self._unreadable.get(node.name) != str(exc):
                         log.warning("WarmNode %s: %s; no admin routes for it", node.name, exc)
                     self._unreadable[node.name] = str(exc)

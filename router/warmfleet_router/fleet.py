@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from warmfleet_daemon.cache_layout import CacheLayout
+from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
 from warmfleet_router.index import BlockIndex, Flight

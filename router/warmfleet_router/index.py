@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from warmfleet_daemon.chunking import BlockKey
+from warmfleet_common.chunking import BlockKey
 from warmfleet_router.keys import RequestBlocks
 
 DEFAULT_HISTORY_BLOCKS = 200_000

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from warmfleet_daemon.cache_layout import CacheLayout, LayoutTokenizer
-from warmfleet_daemon.chunking import BlockKey, chain_key, plan_chunks, root_key
-from warmfleet_daemon.contract import ChatMessage, ToolDefinition
-from warmfleet_daemon.prompts import PromptBuilder, PromptError, RenderedPrompt
+from warmfleet_common.cache_layout import CacheLayout, LayoutTokenizer
+from warmfleet_common.chunking import BlockKey, chain_key, plan_chunks, root_key
+from warmfleet_common.contract import ChatMessage, ToolDefinition
+from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
 
 MESSAGE_KEYS = "messages"  # the fingerprint of message-level keys
 

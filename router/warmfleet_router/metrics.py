@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from warmfleet_daemon import otel
+from warmfleet_common import otel
 from warmfleet_router.backend import Backend
 
 TTFB_BUCKETS = otel.LATENCY_BUCKETS

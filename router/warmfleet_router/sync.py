@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from warmfleet_daemon.cache_layout import CacheLayout
+from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend
 from warmfleet_router.index import BlockIndex
 

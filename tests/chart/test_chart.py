@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helm import CHART, ROOT, by_kind, helm, needs_helm, notes, one, render, validate
+from support.helm import CHART, ROOT, by_kind, helm, needs_helm, notes, one, render, validate
 
 pytestmark = needs_helm
 ALL = Path(__file__).with_name("all-options.yaml")

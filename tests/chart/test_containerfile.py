@@ -3,6 +3,7 @@ it runs `warmfleet` as an unprivileged user with the operator as its default com
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from helm import CHART, ROOT
+from support.helm import CHART, ROOT
 
 CONTAINERFILE = ROOT / "Containerfile"
 
@@ -51,7 +52,12 @@ def test_image_runs_warmfleet_unprivileged_with_the_operator_by_default() -> Non
 
 
 def test_build_context_has_what_the_wheel_needs() -> None:
+    """Every folder the wheel's packages are found in (pyproject.toml says which)."""
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[0 if not ignore[0].startswith("#") else 1] == "**"
-    for needed in ("pyproject.toml", "README.md", "daemon", "operator"):
+    found = re.search(r"^where = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert found, "pyproject.toml names no package folders"
+    folders = re.findall(r'"([^"]+)"', found.group(1))
+    assert {"common", "daemon", "operator", "router", "cli"} <= set(folders)
+    for needed in ("pyproject.toml", "README.md", *folders):
         assert f"!{needed}" in ignore

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from helm import CHART, helm, needs_helm, render, validate
+from support.helm import CHART, helm, needs_helm, render, validate
 
 pytestmark = needs_helm
 

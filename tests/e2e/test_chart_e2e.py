@@ -27,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from daemons import Daemon, free_port, start_daemon
+from support.processes import Daemon, free_port, start_daemon
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ def operator(release: Release, daemons: list[Daemon]) -> Iterator[Path]:
     log = release.tmp / "operator.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "warmfleet_daemon.cli", "operator",
+            [sys.executable, "-m", "warmfleet_cli", "operator",
              f"--namespace={release.namespace}", "--resync-seconds=2", "--probe-seconds=2",
              "--liveness="],
             env={**os.environ, "KUBECONFIG": str(kubeconfig),

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import yaml
 
-from daemons import Daemon, start_daemon
+from support.processes import Daemon, start_daemon
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +160,7 @@ class Fleet:
             [
                 sys.executable,
                 "-m",
-                "warmfleet_daemon.cli",
+                "warmfleet_cli",
                 "operator",
                 "--namespace",
                 self.namespace,

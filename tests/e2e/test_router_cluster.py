@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemons import Daemon, start_daemon, start_router
+from support.processes import Daemon, start_daemon, start_router
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-# Short periods for the tests; the handlers read them at import.
-os.environ.setdefault("WARMFLEET_RESYNC_SECONDS", "1")
-os.environ.setdefault("WARMFLEET_PROBE_SECONDS", "1")
-os.environ.setdefault("WARMFLEET_DELETE_RETRIES", "2")
-
-import httpx
-import kmock
 import pytest
 import pytest_asyncio
-import yaml
 
-from daemons import Daemon, start_daemon
-from kubeemu import RESOURCES, Cluster, Emulator
+from support.kubeemu import Cluster, emulated
+from support.processes import Daemon, start_daemon
+from warmfleet_operator.config import OperatorConfig
+
+# Short periods for the tests.
+FAST = OperatorConfig(resync_seconds=1, probe_seconds=1, delete_retries=2)
 
 
 @pytest_asyncio.fixture
@@ -28,25 +23,7 @@ async def cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     """The emulator, a kubeconfig for it, and kopf running our handlers against it."""
     import kopf
 
-    async with Emulator() as emulator, kmock.Server(emulator):
-        for key, info in RESOURCES.items():
-            emulator.resources[key] = info
-        url = str(emulator.url).rstrip("/")
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "kmock",
-                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-                    "users": [{"name": "kmock", "user": {}}],
-                    "contexts": [
-                        {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}
-                    ],
-                }
-            )
-        )
+    async with emulated(tmp_path) as (api, kubeconfig):
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         import warmfleet_operator.handlers  # noqa: F401  (registers the handlers once)
 
@@ -59,7 +36,11 @@ async def cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
             try:
                 asyncio.run(
                     kopf.operator(
-                        clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready
+                        clusterwide=True,
+                        standalone=True,
+                        stop_flag=stop,
+                        ready_flag=ready,
+                        memo=kopf.Memo(config=FAST),
                     )
                 )
             except BaseException as exc:  # reported below
@@ -68,8 +49,7 @@ async def cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         thread = threading.Thread(target=run, name="kopf", daemon=True)
         thread.start()
         assert await asyncio.to_thread(ready.wait, 30), "kopf did not start"
-        async with httpx.AsyncClient(base_url=url, timeout=30) as api:
-            yield Cluster(emulator, api)
+        yield api
         stop.set()
         await asyncio.to_thread(thread.join, 60)
         assert not thread.is_alive(), "kopf did not stop"

@@ -12,7 +12,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from kubeemu import RESOURCES, Emulator
+from support.kubeemu import RESOURCES, Emulator
 
 pytestmark = pytest.mark.asyncio
 

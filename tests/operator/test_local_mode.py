@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from daemons import Daemon, start_daemon
+from support.processes import Daemon, start_daemon
 
 TOKEN = "local-mode-token"
 
@@ -94,7 +94,7 @@ def test_local_mode_reconciles_a_folder(
         [
             sys.executable,
             "-m",
-            "warmfleet_daemon.cli",
+            "warmfleet_cli",
             "operator",
             "--local",
             str(tmp_path),
@@ -199,7 +199,7 @@ def test_a_node_joining_a_warm_pool_copies_the_blocks_from_its_peer(tmp_path: Pa
     status_file = tmp_path / "status.json"
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "warmfleet_daemon.cli", "operator", "--local", str(folder)),
+            *(sys.executable, "-m", "warmfleet_cli", "operator", "--local", str(folder)),
             *("--status-file", str(status_file), "--resync-seconds", "1"),
         ],
         stdout=subprocess.PIPE,

@@ -15,7 +15,7 @@ import kmock
 import pytest
 import yaml
 
-from kubeemu import RESOURCES, Emulator
+from support.kubeemu import RESOURCES, Emulator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = sorted((ROOT / "crds").glob("*.yaml"))

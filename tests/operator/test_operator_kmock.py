@@ -10,8 +10,8 @@ import httpx
 import pytest
 import yaml
 
-from daemons import Daemon, free_port, start_daemon
-from kubeemu import Cluster, wait_for
+from support.kubeemu import Cluster, wait_for
+from support.processes import Daemon, free_port, start_daemon
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from warmfleet_common.crd import Node, SecretRef, SetKey
 from warmfleet_operator.client import DaemonClient
-from warmfleet_operator.model import Node, SecretRef, SetKey
 from warmfleet_operator.prober import Prober, changed_sets, status_patch
 from warmfleet_operator.service import Service
 
@@ -61,7 +61,7 @@ def test_changed_sets() -> None:
 
 
 def test_held_sets_report_what_changed_beyond_our_own_pushes() -> None:
-    from warmfleet_daemon.contract import WarmSetStatus
+    from warmfleet_common.contract import WarmSetStatus
     from warmfleet_operator.service import HeldSets
 
     held, node = HeldSets(60), Node("mac", "http://mac", {})

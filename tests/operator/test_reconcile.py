@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from warmfleet_daemon.contract import PromptState, WarmPromptStatus, WarmSetSpec, WarmSetStatus
-from warmfleet_operator.model import InvalidSpec, Node, Observation, Push, SetKey
+from warmfleet_common.contract import PromptState, WarmPromptStatus, WarmSetSpec, WarmSetStatus
+from warmfleet_common.crd import Node, SetKey
+from warmfleet_operator.objects import InvalidSpec, Observation, Push
 from warmfleet_operator.reconcile import (
     changed,
     describe,

@@ -12,10 +12,10 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from kubeemu import RESOURCES, Emulator
+from support.kubeemu import RESOURCES, Emulator
+from warmfleet_common.crd import Node, SecretRef, SetKey
 from warmfleet_operator.client import DaemonClient
-from warmfleet_operator.handlers import Coalesced
-from warmfleet_operator.model import Node, SecretRef, SetKey
+from warmfleet_operator.coalesce import Coalesced
 from warmfleet_operator.service import Service
 
 SPEC = {"prompts": [{"name": "p", "messages": [{"role": "system", "content": "hi"}]}]}
@@ -237,7 +237,7 @@ async def test_secrets_without_a_namespace_are_read_in_the_operators_own(
 ) -> None:
     import kopf
 
-    from warmfleet_operator.client import DaemonError, KubeClient
+    from warmfleet_common.kube import KubeClient, SecretError
 
     await emulator.post(
         "/api/v1/namespaces/ops/secrets",
@@ -246,17 +246,17 @@ async def test_secrets_without_a_namespace_are_read_in_the_operators_own(
     kube = KubeClient()
     kube.configure_from(kopf.ConnectionInfo(server=str(emulator.base_url), default_namespace="ops"))
     assert await kube.token(SecretRef("daemon-token", "token")) == "s3"
-    with pytest.raises(DaemonError) as caught:
+    with pytest.raises(SecretError) as caught:
         await kube.token(SecretRef("missing", "token"))
-    assert caught.value.status == 401 and "ops/missing" in caught.value.message
+    assert not caught.value.transient and "ops/missing" in caught.value.message
     await kube.close()
 
 
 class MissingToken:
     async def token(self, ref: SecretRef) -> str:
-        from warmfleet_operator.client import DaemonError
+        from warmfleet_common.kube import SecretError
 
-        raise DaemonError(f"admin token Secret ops/{ref.name} not found", status=401)
+        raise SecretError(f"admin token Secret ops/{ref.name} not found", transient=False)
 
 
 @pytest.mark.parametrize("up", [True, False])

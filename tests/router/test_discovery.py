@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import kmock
 import pytest
 import pytest_asyncio
 import yaml
 
-from kubeemu import RESOURCES, Emulator, wait_for
+from support.kubeemu import Cluster, emulated, wait_for
 from warmfleet_router.backend import BackendSpec
 from warmfleet_router.discovery import ClusterSource, FolderSource, StaticSource
 
@@ -45,36 +43,11 @@ SECRET = {
 
 
 @pytest_asyncio.fixture
-async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
     """The emulator, with a kubeconfig for it in KUBECONFIG."""
-    async with Emulator() as emulator, kmock.Server(emulator):
-        for key, info in RESOURCES.items():
-            emulator.resources[key] = info
-        url = str(emulator.url).rstrip("/")
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "kmock",
-                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-                    "users": [{"name": "kmock", "user": {}}],
-                    "contexts": [
-                        {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}
-                    ],
-                }
-            )
-        )
+    async with emulated(tmp_path) as (cluster, kubeconfig):
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        async with httpx.AsyncClient(base_url=url) as client:
-            yield Api(emulator, client)
-
-
-@dataclass
-class Api:
-    emulator: Emulator
-    client: httpx.AsyncClient
+        yield cluster
 
 
 async def next_change(changes: AsyncIterator[list[BackendSpec]], within: float = 1.5) -> Any:
@@ -83,38 +56,38 @@ async def next_change(changes: AsyncIterator[list[BackendSpec]], within: float =
     return [(s.name, s.url, s.token, s.labels) for s in specs]
 
 
-async def test_cluster_source_lists_warmnodes_with_their_tokens(api: Api) -> None:
-    await api.client.post("/api/v1/namespaces/warmfleet/secrets", json=SECRET)
-    await api.client.post(NODES, json=node("mac-1", 9001, "daemon-token"))
+async def test_cluster_source_lists_warmnodes_with_their_tokens(api: Cluster) -> None:
+    await api.api.post("/api/v1/namespaces/warmfleet/secrets", json=SECRET)
+    await api.api.post(NODES, json=node("mac-1", 9001, "daemon-token"))
     source = ClusterSource()
     try:
         assert await source.specs() == [BackendSpec("mac-1", "http://127.0.0.1:9001", "s3cret")]
-        await api.client.post(NODES, json=node("mac-2", 9002))
+        await api.api.post(NODES, json=node("mac-2", 9002))
         specs = await source.specs()
         assert [(s.name, s.token) for s in specs] == [("mac-1", "s3cret"), ("mac-2", None)]
         assert specs[1].labels == {"warmfleet.io/pool": "agents"}
-        await api.client.delete(f"{NODES}/mac-1")
+        await api.api.delete(f"{NODES}/mac-1")
         assert [s.name for s in await source.specs()] == ["mac-2"]
     finally:
         await source.close()
 
 
-async def test_cluster_source_watches_warmnodes_come_change_and_go(api: Api) -> None:
+async def test_cluster_source_watches_warmnodes_come_change_and_go(api: Cluster) -> None:
     """Every change arrives as it happens (well within the old 5 s poll), each node
     with its own token: an unreadable Secret costs only its node its token."""
-    await api.client.post("/api/v1/namespaces/warmfleet/secrets", json=SECRET)
-    await api.client.post(NODES, json=node("mac-1", 9001, "daemon-token"))
+    await api.api.post("/api/v1/namespaces/warmfleet/secrets", json=SECRET)
+    await api.api.post(NODES, json=node("mac-1", 9001, "daemon-token"))
     source = ClusterSource(token="fallback", token_interval=60.0)
     changes = source.changes()
     pool = {"warmfleet.io/pool": "agents"}
     try:
         assert await next_change(changes) == [("mac-1", "http://127.0.0.1:9001", "s3cret", pool)]
-        await api.client.post(NODES, json=node("mac-2", 9002, "missing-secret"))
+        await api.api.post(NODES, json=node("mac-2", 9002, "missing-secret"))
         assert await next_change(changes) == [
             ("mac-1", "http://127.0.0.1:9001", "s3cret", pool),
             ("mac-2", "http://127.0.0.1:9002", None, pool),
         ]
-        await api.client.patch(
+        await api.api.patch(
             f"{NODES}/mac-2",
             json={"metadata": {"labels": {"warmfleet.io/pool": "batch"}}, "spec": {"url": "http://127.0.0.1:9012"}},
             headers={"Content-Type": "application/merge-patch+json"},
@@ -122,30 +95,30 @@ async def test_cluster_source_watches_warmnodes_come_change_and_go(api: Api) -> 
         assert (await next_change(changes))[1] == (
             "mac-2", "http://127.0.0.1:9012", None, {"warmfleet.io/pool": "batch"}
         )  # fmt: skip
-        await api.client.post(NODES, json=node("mac-3", 9003))
+        await api.api.post(NODES, json=node("mac-3", 9003))
         assert [n[:3] for n in await next_change(changes)][2] == (
             "mac-3", "http://127.0.0.1:9003", "fallback"
         )  # fmt: skip
-        await api.client.delete(f"{NODES}/mac-1")
+        await api.api.delete(f"{NODES}/mac-1")
         assert [n[0] for n in await next_change(changes)] == ["mac-2", "mac-3"]
     finally:
         await changes.aclose()
         await source.close()
 
 
-async def test_cluster_source_lists_again_when_its_version_expired(api: Api) -> None:
+async def test_cluster_source_lists_again_when_its_version_expired(api: Cluster) -> None:
     """The server ends the watch (its timeout) and its history is compacted meanwhile:
     resuming gets 410 Expired, so the source lists again, then watches from there."""
     for name, port in (("mac-1", 9001), ("mac-2", 9002)):
-        await api.client.post(NODES, json=node(name, port))
+        await api.api.post(NODES, json=node(name, port))
     source = ClusterSource(watch_timeout=1.0)
     changes = source.changes()
     try:
         assert [n[0] for n in await next_change(changes)] == ["mac-1", "mac-2"]
-        await api.client.post("/api/v1/namespaces/warmfleet/secrets", json=SECRET)
+        await api.api.post("/api/v1/namespaces/warmfleet/secrets", json=SECRET)
         api.emulator.compact()  # the WarmNodes' last version is now older than the history
         await wait_for(lambda: _true(api.emulator.expired_watches > 0), 5.0, "a 410 answer")
-        await api.client.delete(f"{NODES}/mac-1")
+        await api.api.delete(f"{NODES}/mac-1")
         assert [n[0] for n in await next_change(changes)] == ["mac-2"]
     finally:
         await changes.aclose()
@@ -189,7 +162,7 @@ class FlakyKube:
         return None
 
 
-async def test_cluster_source_lists_again_after_a_broken_stream_with_backoff(api: Api) -> None:
+async def test_cluster_source_lists_again_after_a_broken_stream_with_backoff(api: Cluster) -> None:
     source = ClusterSource(backoff=(0.2, 1.0))
     kube = FlakyKube()
     source._kube = kube  # type: ignore[assignment]
@@ -252,7 +225,7 @@ class BookmarkKube(FlakyKube):
         await asyncio.Event().wait()
 
 
-async def test_cluster_source_resumes_from_a_bookmark(api: Api) -> None:
+async def test_cluster_source_resumes_from_a_bookmark(api: Cluster) -> None:
     source = ClusterSource()
     kube = BookmarkKube()
     source._kube = kube  # type: ignore[assignment]

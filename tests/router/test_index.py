@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from warmfleet_daemon.chunking import plan_chunks, root_key
+from warmfleet_common.chunking import plan_chunks, root_key
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.index import BlockIndex
 from warmfleet_router.keys import RequestBlocks

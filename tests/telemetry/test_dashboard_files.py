@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from promql import PROMETHEUS_RULE, RULES, dashboard
+from support.promql import PROMETHEUS_RULE, RULES, dashboard
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from promql import dashboard_queries, metric_names, rule_exprs
-from support import model
+from support.engine import model
+from support.promql import dashboard_queries, metric_names, rule_exprs
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
@@ -129,5 +129,5 @@ def test_metrics_match_the_requests(client) -> None:
     for where, expr in [*dashboard_queries(), *rule_exprs()]:
         for name in metric_names(expr):
             if name.startswith("warmfleet_router_"):
-                continue  # the router's (tests/integration/test_router.py)
+                continue  # the router's (tests/router/test_router_daemons.py)
             assert name in exported, f"{where} reads {name}, which /metrics does not export"

@@ -7,18 +7,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from warmfleet_daemon import __version__
+from warmfleet_common import __version__
 from warmfleet_daemon.api import (
     openapi,
+    routes_anthropic,
     routes_cache_events,
     routes_diagnostics,
     routes_kv,
     routes_openai,
+    routes_responses,
     routes_status,
     routes_warm,
 )
 from warmfleet_daemon.api.errors import BodySizeLimit, CatchUnexpected, install_error_handlers
-from warmfleet_daemon.api.state import DaemonState
+from warmfleet_daemon.assembly import DaemonState
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.settings import DaemonSettings
 
@@ -49,6 +51,8 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(CatchUnexpected)  # added last: the outermost
     app.include_router(routes_openai.router)
+    app.include_router(routes_anthropic.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_status.router)
     app.include_router(routes_warm.router)
     app.include_router(routes_diagnostics.router)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from warmfleet_daemon.api.generation import Collected
+from warmfleet_daemon.api.output import OutputSplitter, Piece
 from warmfleet_daemon.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -17,12 +18,18 @@ from warmfleet_daemon.api.schemas import (
     ToolCall,
     TopLogprob,
 )
-from warmfleet_daemon.api.tool_calls import ToolCallParser
 from warmfleet_daemon.engine.core import Event
 from warmfleet_daemon.engine.processors import TokenLogprob
 
 TokenBytes = Callable[[int], bytes]
-ParserFactory = Callable[[], ToolCallParser | None]
+ParserFactory = Callable[[], OutputSplitter]
+
+
+def _parts(pieces: list[Piece]) -> tuple[str, str, list[dict[str, Any]]]:
+    """(reasoning, content, tool calls) of some output."""
+    reasoning = "".join(p.text for p in pieces if p.kind == "thinking")
+    content = "".join(p.text for p in pieces if p.kind == "text")
+    return reasoning, content, [p.call for p in pieces if p.call is not None]
 
 
 def _finish_reason(reason: str | None, calls: int) -> str | None:
@@ -68,16 +75,13 @@ def completion_logprobs(
 def chat_choice(
     index: int,
     collected: Collected,
-    parser: ToolCallParser | None,
+    splitter: OutputSplitter,
     token_bytes: TokenBytes | None,
 ) -> ChatChoice:
-    content, calls = collected.text, list[dict[str, Any]]()
-    if parser is not None:
-        content, calls = parser.feed(collected.text)
-        rest, more = parser.finish()
-        content, calls = content + rest, calls + more
+    reasoning, content, calls = _parts([*splitter.feed(collected.text), *splitter.finish()])
     message = AssistantMessage(
         content=None if calls and not content.strip() else content,
+        reasoning_content=reasoning or None,
         tool_calls=[ToolCall.model_validate(c) for c in calls] or None,
     )
     return ChatChoice(
@@ -100,19 +104,22 @@ def completion_choice(
 
 
 def chat_deltas(
-    index: int, parser: ToolCallParser | None, token_bytes: TokenBytes | None
+    index: int, splitter: OutputSplitter, token_bytes: TokenBytes | None
 ) -> Callable[[Event], list[dict[str, Any]]]:
-    """Choice `index`'s stream: content deltas as the text comes (held back only while
-    it may be the start of a tool call), a `tool_calls` delta per parsed call, and the
-    finish reason (`tool_calls` when there were calls)."""
+    """Choice `index`'s stream: reasoning and content deltas as the text comes (held
+    back only while it may be the start of a marker or a tool call), a `tool_calls`
+    delta per parsed call, and the finish reason (`tool_calls` when there were calls)."""
+    parser = splitter.tools
 
     def render(event: Event) -> list[dict[str, Any]]:
-        content, calls = parser.feed(event.text) if parser is not None else (event.text, [])
-        if event.finish_reason is not None and parser is not None:
-            rest, more = parser.finish()
-            content, calls = content + rest, calls + more
+        pieces = splitter.feed(event.text)
+        if event.finish_reason is not None:
+            pieces += splitter.finish()
+        reasoning, content, calls = _parts(pieces)
         out = []
         delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
         if calls:

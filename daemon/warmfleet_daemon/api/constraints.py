@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.schemas import ChatCompletionRequest, NamedToolChoice
-from warmfleet_daemon.api.state import Ready
 from warmfleet_daemon.api.tool_calls import forced_call_grammar, tool_format
+from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.grammar import GrammarError, json_schema_grammar, lark_grammar
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from warmfleet_daemon.api.errors import APIError
-from warmfleet_daemon.api.state import DaemonState, Ready
+from warmfleet_daemon.assembly import DaemonState, Ready
 
 
 def get_state(request: Request) -> DaemonState:

@@ -1,11 +1,12 @@
 """Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, for every
-route, and a request body size limit."""
+route but Anthropic's Messages API, which answers in Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}}`; and a request body size limit."""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,6 +41,60 @@ class ErrorResponse(BaseModel):
     """The error body of every route (OpenAI's shape)."""
 
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The error body of the Anthropic Messages routes (Anthropic's shape)."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+# Anthropic's error types by HTTP status; a loading (or, later, busy) engine is its
+# `overloaded_error`, kept as a 503 (the SDKs and Claude Code retry both).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "invalid_request_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def speaks_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def anthropic_error_body(message: str, type_: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": type_, "message": _utf8(message)}}
+
+
+def error_json(
+    path: str,
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """The error body a route at `path` answers with."""
+    if speaks_anthropic(path):
+        return anthropic_error_body(message, ANTHROPIC_TYPES.get(status, "api_error"))
+    return error_body(message, type_, param, code)
 
 
 class APIError(Exception):
@@ -83,13 +138,12 @@ def _utf8(text: str) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status
-        )
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        body = error_json(request.url.path, exc.status, exc.message, exc.type, exc.param, exc.code)
+        return JSONResponse(body, status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first: dict[str, Any] = dict(errors[0]) if errors else {"msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ())]
@@ -102,15 +156,17 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{'.'.join(loc)}: this parameter is not supported by this server"
         else:
             message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
-        return JSONResponse(
-            error_body(message.strip(), "invalid_request_error", ".".join(loc) or None),
-            status_code=400,
-        )
+        param = ".".join(loc) or None
+        body = error_json(request.url.path, 400, message.strip(), "invalid_request_error", param)
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
         return JSONResponse(
-            error_body(str(exc.detail), _TYPES.get(exc.status_code, "server_error")),
+            error_json(
+                request.url.path, status, str(exc.detail), _TYPES.get(status, "server_error")
+            ),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
@@ -141,8 +197,9 @@ class CatchUnexpected:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if started:  # half a response went out: only closing the connection ends it
                 raise
+            message = f"internal error: {type(exc).__name__}"
             body = json.dumps(
-                error_body(f"internal error: {type(exc).__name__}", "server_error")
+                error_json(str(scope.get("path", "")), 500, message, "server_error")
             ).encode()
             await send(
                 {
@@ -171,7 +228,7 @@ class BodySizeLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+            await self._reject(send, str(scope.get("path", "")))
             return
         seen = 0
 
@@ -190,9 +247,11 @@ class BodySizeLimit:
     def _message(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, path: str) -> None:
         body = json.dumps(
-            error_body(self._message(), "invalid_request_error", code="request_too_large")
+            error_json(
+                path, 413, self._message(), "invalid_request_error", code="request_too_large"
+            )
         ).encode()
         await send(
             {

@@ -20,9 +20,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from warmfleet_common.cache_layout import CacheLayout, export_layout
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
 from warmfleet_daemon.api.errors import ErrorResponse
-from warmfleet_daemon.cache_layout import CacheLayout, export_layout
 from warmfleet_daemon.engine.core import Engine
 
 router = APIRouter(

@@ -12,6 +12,7 @@ from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.constraints import tool_choice
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
+from warmfleet_daemon.api.output import OutputSplitter, starts_thinking, thinking_markers
 from warmfleet_daemon.api.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -42,8 +43,12 @@ async def chat_completions(
     fmt = tool_format(ready.model.tokenizer)
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
 
-    def parser() -> ToolCallParser | None:
-        return ToolCallParser(fmt, tools) if parse_tools else None
+    markers = thinking_markers(ready.model.tokenizer)
+    thinking_first = starts_thinking(markers, request.prompt.text)
+
+    def parser() -> OutputSplitter:
+        tool_parser = ToolCallParser(fmt, tools) if parse_tools else None
+        return OutputSplitter(markers, tool_parser, thinking_first=thinking_first)
 
     if body.stream:
         return gen.streaming_response(

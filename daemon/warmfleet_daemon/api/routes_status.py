@@ -11,10 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from warmfleet_daemon import __version__
+from warmfleet_common import __version__
+from warmfleet_common.contract import PromptState
 from warmfleet_daemon.api.deps import IsAdminDep, ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
-from warmfleet_daemon.contract import PromptState
 
 router = APIRouter()
 

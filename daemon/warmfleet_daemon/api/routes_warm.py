@@ -6,10 +6,7 @@ from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.api.errors import APIError
-from warmfleet_daemon.api.openapi import errors
-from warmfleet_daemon.contract import (
+from warmfleet_common.contract import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
     CacheClearResult,
@@ -17,7 +14,16 @@ from warmfleet_daemon.contract import (
     WarmSetSpec,
     WarmSetStatus,
 )
-from warmfleet_daemon.warming import WarmSetError
+from warmfleet_daemon.api.deps import AdminDep, ReadyDep
+from warmfleet_daemon.api.errors import APIError
+from warmfleet_daemon.api.openapi import errors
+from warmfleet_daemon.warming import (
+    StateNotSaved,
+    WarmSetError,
+    WarmSetInvalid,
+    WarmSetStale,
+    WarmSetTooLarge,
+)
 
 router = APIRouter(prefix="/v1", dependencies=[AdminDep], responses=errors(401, 403, 503))
 
@@ -38,7 +44,7 @@ async def put_warm_set(
     try:  # rendering and tokenizing every prompt: off the event loop
         return await run_in_threadpool(ready.warm.apply, namespace, name, spec)
     except WarmSetError as exc:
-        raise APIError(exc.status, exc.message, param=exc.param) from exc
+        raise _api_error(exc) from exc
 
 
 @router.get("/warm-sets", response_model=WarmSetList)
@@ -66,7 +72,7 @@ async def delete_warm_set(
     try:
         deleted = ready.warm.delete(namespace, name)
     except WarmSetError as exc:  # the state could not be saved: nothing was deleted
-        raise APIError(exc.status, exc.message, param=exc.param) from exc
+        raise _api_error(exc) from exc
     if not deleted:
         raise APIError(404, f"warm set {namespace}/{name} not found", code="not_found")
     return JSONResponse({"status": "deleted", "namespace": namespace, "name": name})
@@ -77,3 +83,16 @@ async def clear_prefix_cache(ready: ReadyDep) -> CacheClearResult:
     """Clear the prefix cache for real (pinned blocks too); warm sets re-warm in the
     background."""
     return ready.warm.clear_cache()
+
+
+_STATUS: dict[type[WarmSetError], int] = {
+    WarmSetInvalid: 422,
+    WarmSetTooLarge: 413,
+    WarmSetStale: 409,
+    StateNotSaved: 503,
+}
+
+
+def _api_error(exc: WarmSetError) -> APIError:
+    status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
+    return APIError(status, exc.message, param=exc.param)

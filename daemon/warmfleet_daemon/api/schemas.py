@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from warmfleet_daemon.contract import ChatMessage, ToolDefinition
+from warmfleet_common.contract import ChatMessage, ToolDefinition
 
 
 class StreamOptions(BaseModel):
@@ -176,6 +176,8 @@ class ChoiceLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    # vLLM's field: what a reasoning model wrote between its thinking markers.
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 

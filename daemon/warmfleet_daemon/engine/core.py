@@ -31,7 +31,8 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from warmfleet_daemon.chunking import Chunk, plan_chunks, root_key
+from warmfleet_common.chunking import Chunk, plan_chunks, root_key
+from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import (
     activation,
     attention,
@@ -47,7 +48,6 @@ from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
 from warmfleet_daemon.engine.stops import StopStringFilter
 from warmfleet_daemon.models.loader import LoadedModel, model_family
 from warmfleet_daemon.prefix_cache import PrefixCache
-from warmfleet_daemon.prompts import RenderedPrompt
 
 log = logging.getLogger(__name__)
 

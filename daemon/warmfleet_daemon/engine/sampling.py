@@ -1,4 +1,4 @@
-"""Per-request sampling: greedy, temperature, top-p, seeded.
+"""Per-request sampling: greedy, temperature, top-k, top-p, seeded.
 
 mlx-lm's samplers draw from mlx's global random state, so two requests in one batch
 would perturb each other's seeded streams; here each request owns its PRNG key and
@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class SamplingParams:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -51,6 +52,8 @@ class Sampler:
         if self.params.greedy:
             return mx.argmax(logits, axis=-1)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if 0 < self.params.top_k < logprobs.shape[-1]:
+            logprobs = apply_top_k(logprobs[None], self.params.top_k)[0]
         if 0.0 < self.params.top_p < 1.0:
             logprobs = apply_top_p(logprobs[None], self.params.top_p)[0]
         self._key, sub = mx.random.split(self._key)

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx_lm.models.cache as cache_module
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from warmfleet_daemon.chunking import Chunk
+from warmfleet_common.chunking import Chunk
 from warmfleet_daemon.engine import kv
 
 FORMAT = "warmfleet-kv-block/1"

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 
-from warmfleet_daemon.chunking import Chunk, plan_chunks
+from warmfleet_common.chunking import Chunk, plan_chunks
+from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, BlockError
 from warmfleet_daemon.kvtransfer.wire import FrameError, read_frames
-from warmfleet_daemon.prompts import RenderedPrompt
 
 log = logging.getLogger(__name__)
 

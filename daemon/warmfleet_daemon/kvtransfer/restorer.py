@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from warmfleet_daemon.chunking import Chunk
+from warmfleet_common.chunking import Chunk
+from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
 from warmfleet_daemon.prefix_cache import InsertOutcome
-from warmfleet_daemon.prompts import RenderedPrompt
 
 log = logging.getLogger(__name__)
 

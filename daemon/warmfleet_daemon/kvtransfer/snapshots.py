@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmfleet_daemon.chunking import BlockKey, Chunk
+from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, BlockError
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from warmfleet_daemon.chunking import BlockKey
+from warmfleet_common.chunking import BlockKey
 from warmfleet_daemon.engine.core import Engine, wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
 from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint

@@ -1,0 +1,283 @@
+"""`warmfleet up`: the whole fleet on one machine, the way it runs on many.
+
+N daemons on consecutive ports after the router's, the operator in local mode on a
+folder of WarmNode, Secret and WarmPromptSet YAML written for them (plus the warm sets
+of `--warm`: a folder's WarmPromptSets and ConfigMaps, or a warm-prompts file, which
+becomes a WarmPromptSet for every node), and the router on `--port`. Each component is
+a child process in its own process group, so one Ctrl-C reaches `up` alone and `up`
+stops each child exactly once (a second SIGINT would make uvicorn skip its shutdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from pydantic import ValidationError
+
+from warmfleet_common.contract import WarmPrompt
+from warmfleet_common.crd import API_VERSION, FLEET_LABEL, POOL_LABEL
+from warmfleet_router.policy import POLICIES
+
+TOKEN_SECRET = "warmfleet-daemon-token"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=2, help="daemons to start (default 2)")
+    p.add_argument("--model", default="default", help="what every daemon serves")
+    p.add_argument(
+        "--warm",
+        metavar="PATH",
+        help="WarmPromptSets to keep warm: a folder of YAML, or a warm-prompts file",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="the router's; daemons take the next")
+    p.add_argument("--policy", choices=POLICIES, default="prefix", help="the router's policy")
+    p.add_argument("--dir", help="write the fleet's YAML here (default: a temporary folder)")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also run Debian's prometheus scraping every component",
+    )
+    p.add_argument("--prometheus-port", type=int, default=9090)
+    p.add_argument("--cache-memory-mb", type=int, help="each daemon's prefix-cache budget")
+    p.add_argument("--block-size", type=int, help="each daemon's cache block size")
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+def fleet_documents(nodes: int, host: str, first_port: int, token: str) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": TOKEN_SECRET, "namespace": "default"},
+            "stringData": {"token": token},
+        }
+    ]
+    for i in range(nodes):
+        docs.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "WarmNode",
+                "metadata": {
+                    "name": f"node-{i + 1}",
+                    "labels": {FLEET_LABEL: "local", POOL_LABEL: "agents"},
+                },
+                "spec": {
+                    "url": f"http://{host}:{first_port + i}",
+                    "adminTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"},
+                },
+            }
+        )
+    return docs
+
+
+def warm_documents(path: Path) -> list[dict[str, Any]]:
+    """The WarmPromptSets (and the ConfigMaps they read) that `--warm PATH` names."""
+    if path.is_dir():
+        docs = []
+        for file in sorted(path.glob("*.y*ml")):
+            for doc in yaml.safe_load_all(file.read_text()):
+                if isinstance(doc, dict) and doc.get("kind") in ("WarmPromptSet", "ConfigMap"):
+                    docs.append(doc)
+        return docs
+    return [warm_prompts_set(path)]
+
+
+def warm_prompts_set(path: Path) -> dict[str, Any]:
+    """A warm-prompts file (`warmfleet serve --warm-prompts` reads the same: entries with
+    name/messages/tools, or vllm-mlx's list of message lists) as a WarmPromptSet."""
+    entries = yaml.safe_load(path.read_text())
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a list of prompts")
+    prompts = []
+    for i, entry in enumerate(entries):
+        raw = entry if isinstance(entry, dict) else {"name": f"prompt-{i + 1}", "messages": entry}
+        try:
+            prompt = WarmPrompt.model_validate(raw)
+        except ValidationError as exc:
+            raise ValueError(f"{path}: prompt {i + 1}: {exc}") from exc
+        prompts.append(prompt.model_dump(exclude_none=True))
+    name = "".join(c if c.isalnum() else "-" for c in path.stem.lower()).strip("-") or "warm"
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "WarmPromptSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeSelector": {"matchLabels": {FLEET_LABEL: "local"}}, "prompts": prompts},
+    }
+
+
+def port_free(host: str, port: int) -> bool:
+    """Nothing listens there (connections closing in TIME_WAIT do not count: the servers
+    bind with SO_REUSEADDR too)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.nodes <= 64:
+        return _fail("--nodes must be between 1 and 64")
+    ports = [args.port + i for i in range(args.nodes + 1)]
+    busy = [p for p in ports if not port_free(args.host, p)]
+    if busy:
+        return _fail(f"port(s) {', '.join(map(str, busy))} on {args.host} are in use")
+    token = secrets.token_urlsafe(24)
+    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="warmfleet-up-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        warm = warm_documents(Path(args.warm)) if args.warm else []
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        return _fail(f"--warm {args.warm}: {exc}")
+    docs = fleet_documents(args.nodes, args.host, args.port + 1, token)
+    (folder / "fleet.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    (folder / "warm-sets.yaml").write_text(yaml.safe_dump_all(warm, sort_keys=False))
+    token_file = folder / "admin-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+
+    children: list[Child] = []
+    stopping = False
+
+    def on_signal(signum: int, _: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    me = [sys.executable, "-m", "warmfleet_cli"]
+    try:
+        for i in range(args.nodes):
+            port = args.port + 1 + i
+            cmd = [
+                *me, "serve", "--model", args.model, "--host", args.host, "--port", str(port),
+                "--admin-token-file", str(token_file), "--daemon-name", f"node-{i + 1}",
+            ]  # fmt: skip
+            if args.cache_memory_mb is not None:
+                cmd += ["--cache-memory-mb", str(args.cache_memory_mb)]
+            if args.block_size is not None:
+                cmd += ["--block-size", str(args.block_size)]
+            children.append(Child(f"node-{i + 1}", _spawn(cmd)))
+            _say(f"daemon node-{i + 1:<4} http://{args.host}:{port}  (model {args.model})")
+        children.append(
+            Child(
+                "operator",
+                _spawn([*me, "operator", "--local", str(folder), "--resync-seconds", "5"]),
+            )
+        )
+        _say(f"operator       local mode on {folder} ({args.nodes} WarmNodes, "
+             f"{sum(d.get('kind') == 'WarmPromptSet' for d in warm)} WarmPromptSets)")  # fmt: skip
+        router = [
+            *me, "router", "--local", str(folder), "--admin-token-file", str(token_file),
+            "--host", args.host, "--port", str(args.port), "--policy", args.policy,
+            "--log-level", "warning",
+        ]  # fmt: skip
+        children.append(Child("router", _spawn(router)))
+        _say(f"router         http://{args.host}:{args.port}  (OpenAI API at /v1, "
+             f"GET /v1/router/status)")  # fmt: skip
+        if args.prometheus:
+            children.extend(_prometheus(args, folder))
+        ready_said = False
+        base = f"http://{args.host}:{args.port}"
+        while not stopping:
+            dead = next((c for c in children if c.process.poll() is not None), None)
+            if dead is not None:
+                _say(f"{dead.name} exited with {dead.process.returncode}; stopping the fleet")
+                return 1
+            if not ready_said and _fleet_ready(base, args.nodes):
+                ready_said = True
+                _say(f"ready: OPENAI_BASE_URL={base}/v1 (Ctrl-C stops everything)")
+            time.sleep(0.2)
+        return 0
+    finally:
+        _stop(children)
+        if not args.dir:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fleet_ready(base: str, nodes: int) -> bool:
+    try:
+        body = httpx.get(f"{base}/v1/router/status", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    ready = [b for b in body.get("backends", []) if b.get("health") == "ready"]
+    return len(ready) == nodes
+
+
+def _prometheus(args: argparse.Namespace, folder: Path) -> list[Child]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        _say("prometheus     not installed (apt-get install prometheus); skipped")
+        return []
+    targets = [f"{args.host}:{args.port + i}" for i in range(args.nodes + 1)]
+    config = {
+        "global": {"scrape_interval": "5s"},
+        "scrape_configs": [{"job_name": "warmfleet", "static_configs": [{"targets": targets}]}],
+    }
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    cmd = [
+        binary,
+        f"--config.file={folder / 'prometheus.yml'}",
+        f"--storage.tsdb.path={folder / 'prometheus-data'}",
+        f"--web.listen-address={args.host}:{args.prometheus_port}",
+    ]
+    _say(f"prometheus     http://{args.host}:{args.prometheus_port}  (scraping {len(targets)})")
+    return [Child("prometheus", _spawn(cmd, quiet=True))]
+
+
+def _spawn(cmd: list[str], quiet: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd,
+        start_new_session=True,  # Ctrl-C reaches `up` only; it stops each child once
+        stdout=subprocess.DEVNULL if quiet else None,
+        stderr=subprocess.DEVNULL if quiet else None,
+    )
+
+
+def _stop(children: list[Child], timeout: float = 20.0) -> None:
+    # The router first (no new requests), then the operator, then the daemons.
+    for child in reversed(children):
+        if child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    for child in reversed(children):
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _say(f"{child.name} did not stop in {timeout:.0f}s; killing it")
+            child.process.kill()
+            child.process.wait()
+    if children:
+        _say("stopped")
+
+
+def _say(line: str) -> None:
+    print(f"warmfleet up: {line}", flush=True)
+
+
+def _fail(message: str) -> int:
+    print(f"warmfleet up: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,337 @@
+"""Chat template rendering and tokenization: the one path every prompt takes.
+
+Requests, warm-up and the benchmarks all go through `PromptBuilder`, so a warmed
+prefix is tokenized exactly like the requests that reuse it. Besides the tokens it
+finds the *cuts*: for each message, how many tokens come before its content that no
+content can change. They are found by rendering the conversation up to that message
+with contents that differ from the first character (letters, spaces, newlines, digits,
+punctuation) and keeping the tokens all renderings share: cutting at the first
+differing character is not enough, since a content that starts with a space or a
+newline merges with the template's trailing newline into another token. The chunk
+planner puts a chunk boundary at every cut, which is what lets a warmed system prompt
+(and tool list) be reused in full by every request that shares it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+
+Message = Mapping[str, Any]
+
+# Contents that start with every kind of character a tokenizer may merge with the text
+# before it (letters, spaces, newlines, digits, punctuation, non-ASCII).
+_PROBES = ("x", "X", " x", "  x", "\tx", "\nx", "\n\nx", "1", "!x", "<x", "éx", "\u4e2dx")
+_MEMO_SIZE = 4096
+# Cuts are looked for at the first messages and the last one: each costs a render of
+# the conversation up to it, so every message would make a long chat quadratic. The
+# rule depends on the message count only (chunking stays deterministic), and a next
+# turn still reuses the previous one's blocks up to its last block before that cut.
+_CUT_HEAD_MESSAGES = 64
+# ... and at the last few: the previous turn of an agent's conversation (its prompt ended
+# where the assistant message it got back starts) is then a cut of the next turn.
+_CUT_TAIL_MESSAGES = 3
+
+# For chat templates that ignore `tools` (the embedded SmolLM2's does): the Hermes/Qwen
+# convention, appended to the system message so the model sees the tool list.
+_TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+class PromptError(ValueError):
+    """The messages cannot be rendered (template error, bad structure)."""
+
+
+class PromptTooLong(PromptError):
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"the prompt has {tokens} tokens")
+        self.tokens = tokens
+
+
+class PromptCancelled(PromptError):
+    """The caller no longer wants the prompt (its client went away)."""
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    tokens: tuple[int, ...]
+    cuts: tuple[int, ...] = ()  # token positions where a message's content starts
+    text: str | None = None
+    # Per message of the request: the cut where its content starts (0: none found).
+    message_starts: tuple[int, ...] = ()
+    # Where the reply's content starts: the next turn's assistant message starts there
+    # (a cut of both, so the next turn reuses this whole prompt but the reply's header).
+    reply_start: int = 0
+
+    @property
+    def content_start(self) -> int:
+        """Where the last message's content starts (0: unknown): what comes before it is
+        the prompt's static part."""
+        return max((c for c in self.cuts if c != self.reply_start), default=0)
+
+
+class PromptBuilder:
+    """Renders chats with the model's template and tokenizes them with its tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer  # an mlx-lm TokenizerWrapper
+        template = getattr(tokenizer, "chat_template", None)
+        self.has_chat_template = bool(template)
+        self.template_handles_tools = bool(template) and "tools" in str(template)
+        self._content_starts: OrderedDict[bytes, tuple[int, bytes] | None] = OrderedDict()
+        self._memo_lock = threading.Lock()  # prompts are built on several threads
+
+    # -- public API -------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        max_tokens: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> RenderedPrompt:
+        """Render and tokenize a chat request, with a cut where each message's content
+        starts (`_cut_candidates`). Raises PromptTooLong with `max_tokens` tokens or
+        more, and PromptCancelled once `cancelled()` is true. Linear in the messages.
+        `template_kwargs` go to the template (e.g. `enable_thinking`)."""
+        if not messages:
+            raise PromptError("messages must not be empty")
+        given = len(messages)
+        messages, tools = self._with_tools(messages, tools)
+        added = len(messages) - given  # a system message that carries the tool list
+        kwargs = dict(template_kwargs or {})
+        text = self._render(messages, tools, add_generation_prompt, kwargs)
+        tokens = self._encode(text, add_special_tokens=False)
+        if max_tokens is not None and len(tokens) >= max_tokens:
+            raise PromptTooLong(len(tokens))  # before any cut is looked for
+        starts = [0] * len(messages)
+        for index in _cut_candidates(len(messages)):
+            if cancelled is not None and cancelled():
+                raise PromptCancelled("the client went away")
+            found = self._content_start(messages, index, tools, kwargs)
+            if found is None:
+                continue
+            cut, head_digest = found
+            # Skip if the template renders this message differently once more follow.
+            if 0 < cut < len(tokens) and _digest(tokens[:cut]) == head_digest:
+                starts[index] = cut
+        reply = 0
+        if add_generation_prompt:
+            reply_turn = [*messages, {"role": "assistant", "content": ""}]
+            found = self._content_start(reply_turn, len(messages), tools, kwargs)
+            if found is not None and 0 < found[0] < len(tokens):
+                reply = found[0] if _digest(tokens[: found[0]]) == found[1] else 0
+        cuts = tuple(sorted({c for c in [*starts, reply] if c}))
+        return RenderedPrompt(tuple(tokens), cuts, text, tuple(starts[added:]), reply)
+
+    def completion(self, prompt: str | Sequence[int]) -> RenderedPrompt:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("prompt must not be empty")
+            return RenderedPrompt(tuple(self._encode(prompt)), (), prompt)
+        if not prompt:
+            raise PromptError("prompt must not be empty")
+        return RenderedPrompt(tuple(int(t) for t in prompt))
+
+    def shared_prefix(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> RenderedPrompt:
+        """The strict prefix shared by every request that continues `messages` with one
+        more user message: what warm-up prefills. Its end is a cut in those requests."""
+        probe = [*messages, {"role": "user", "content": _PROBES[0]}]
+        rendered = self.chat(probe, tools, template_kwargs=template_kwargs)
+        last_cut = rendered.message_starts[-1] if rendered.message_starts else 0
+        if not last_cut:
+            raise PromptError("the chat template gives no stable prefix for these messages")
+        cuts = tuple(c for c in rendered.cuts if c < last_cut)
+        return RenderedPrompt(rendered.tokens[:last_cut], cuts, None)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(tokens)))
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _encode(self, text: str, **kwargs: Any) -> list[int]:
+        _check_unicode(text)
+        try:
+            return list(self._tokenizer.encode(text, **kwargs))
+        except (TypeError, ValueError) as exc:  # the tokenizers library's input errors
+            raise PromptError(f"cannot tokenize this text: {exc}") from exc
+
+    def _render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
+        if not self.has_chat_template:
+            raise PromptError("this model has no chat template; use /v1/completions")
+        try:
+            text = self._tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **template_kwargs,
+            )
+        except TemplateError as exc:
+            raise PromptError(f"chat template error: {exc}") from exc
+        except (TypeError, KeyError, ValueError) as exc:
+            raise PromptError(f"cannot render these messages: {exc}") from exc
+        return str(text)
+
+    def _with_tools(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[Sequence[Message], Sequence[Mapping[str, Any]] | None]:
+        messages = tool_history(messages, self.template_handles_tools)
+        if not tools or self.template_handles_tools:
+            return messages, tools
+        block = _TOOLS_PREAMBLE + "\n".join(json.dumps(t) for t in tools) + _TOOLS_POSTAMBLE
+        if messages[0].get("role") == "system":
+            system = {**messages[0], "content": f"{messages[0].get('content') or ''}\n\n{block}"}
+            return [system, *messages[1:]], None
+        return [{"role": "system", "content": block}, *messages], None
+
+    def _content_start(
+        self,
+        messages: Sequence[Message],
+        index: int,
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> tuple[int, bytes] | None:
+        """Tokens before messages[index]'s content that no content can change, and their
+        digest; None when the template gives no stable cut there. Memoized: system
+        prompts repeat."""
+        head = list(messages[:index])
+        role = messages[index].get("role")
+        key = hashlib.blake2b(
+            json.dumps([head, role, tools, template_kwargs], sort_keys=True, default=str).encode(),
+            digest_size=16,
+        ).digest()
+        with self._memo_lock:
+            if key in self._content_starts:
+                self._content_starts.move_to_end(key)
+                return self._content_starts[key]
+        cut: tuple[int, bytes] | None = None
+        try:
+            probes = [
+                self._encode(
+                    self._render(
+                        [*head, {"role": role, "content": p}], tools, False, template_kwargs
+                    ),
+                    add_special_tokens=False,
+                )
+                for p in _PROBES
+            ]
+            common = _common_prefix(probes)
+            cut = (common, _digest(probes[0][:common])) if common else None
+        except PromptError:
+            cut = None  # e.g. templates that insist on alternating roles
+        with self._memo_lock:
+            self._content_starts[key] = cut
+            if len(self._content_starts) > _MEMO_SIZE:
+                self._content_starts.popitem(last=False)
+        return cut
+
+
+def _cut_candidates(count: int) -> list[int]:
+    """Indices of the messages whose content start becomes a cut."""
+    head = list(range(min(count, _CUT_HEAD_MESSAGES)))
+    tail = range(max(count - _CUT_TAIL_MESSAGES, _CUT_HEAD_MESSAGES), count)
+    return [*head, *tail]
+
+
+def _check_unicode(text: str) -> None:
+    """Lone surrogates (JSON's "\\ud800") are valid in a Python str but not in UTF-8,
+    which is what the tokenizer needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(
+            f"the text is not valid Unicode: a lone surrogate ({text[exc.start]!r}) at "
+            f"character {exc.start}"
+        ) from exc
+
+
+def _digest(tokens: Sequence[int]) -> bytes:
+    return hashlib.blake2b(json.dumps(list(tokens)).encode(), digest_size=16).digest()
+
+
+def _common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences[1:]):
+            return i
+    return n
+
+
+def tool_history(messages: Sequence[Message], template_handles_tools: bool) -> list[Message]:
+    """Assistant tool calls and tool results, ready for the template: arguments as
+    objects (what templates with tool support expect, as in mlx-lm's server); for
+    templates without, the Hermes convention the tools preamble announces (calls in
+    <tool_call> tags, results in a user turn in <tool_response> tags)."""
+    out: list[Message] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [_call_with_object_arguments(c) for c in calls]
+            if template_handles_tools:
+                message = {**message, "tool_calls": calls}
+            else:
+                text = "\n".join(
+                    "<tool_call>\n"
+                    + json.dumps(
+                        {
+                            "name": (c.get("function") or {}).get("name"),
+                            "arguments": (c.get("function") or {}).get("arguments"),
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n</tool_call>"
+                    for c in calls
+                )
+                content = message.get("content") or ""
+                message = {k: v for k, v in message.items() if k != "tool_calls"} | {
+                    "content": f"{content}\n{text}" if content else text
+                }
+        elif message.get("role") == "tool" and not template_handles_tools:
+            message = {
+                "role": "user",
+                "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>",
+            }
+        out.append(message)
+    return out
+
+
+def _call_with_object_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        raise PromptError(f"tool call arguments are not valid JSON: {exc}") from exc
+    return {**call, "function": {**function, "arguments": parsed}}  # type: ignore[dict-item]

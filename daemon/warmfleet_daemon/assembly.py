@@ -1,0 +1,179 @@
+"""What the routes share: settings, and the engine once the model has loaded.
+
+The model loads in a background thread so the port opens at once; until it is ready,
+model routes answer 503 and `/readyz` says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from warmfleet_common.prompts import PromptBuilder
+from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
+from warmfleet_daemon.cache_events import CacheEventLog
+from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.kv import BlockPayload
+from warmfleet_daemon.kvtransfer.transfer import KVTransfer
+from warmfleet_daemon.models.loader import LoadedModel, load_model
+from warmfleet_daemon.pins import TimedPins
+from warmfleet_daemon.settings import DaemonSettings, MiB
+from warmfleet_daemon.state_store import StateStore
+from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
+from warmfleet_daemon.warming import Limits, WarmManager, WarmSetError, read_warm_prompts_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ready:
+    engine: Engine
+    prompts: PromptBuilder
+    model_ids: frozenset[str]
+    warm: WarmManager
+    telemetry: Telemetry
+    diagnostics: CacheDiagnostics
+    events: CacheEventLog[BlockPayload]  # the router's feed: GET /v1/cache/events
+    transfer: KVTransfer | None = None
+    pins: TimedPins | None = None  # prefixes kept by cache_control (Anthropic)
+
+    @property
+    def model(self) -> LoadedModel:
+        return self.engine.loaded
+
+
+def with_context(loaded: LoadedModel, max_context: int | None) -> LoadedModel:
+    """`--max-context N`: the context the daemon serves, whatever the model's config says
+    (agents' first requests are longer than some small models' configured contexts)."""
+    if max_context is None or max_context == loaded.context_length:
+        return loaded
+    if max_context > loaded.context_length:
+        log.warning(
+            "Serving %s with a %d-token context, beyond the %d tokens it was configured "
+            "for (--max-context): past that, its output is untested by its authors",
+            loaded.name,
+            max_context,
+            loaded.context_length,
+        )
+    return dataclasses.replace(loaded, context_length=max_context)
+
+
+@dataclass
+class DaemonState:
+    settings: DaemonSettings
+    ready: Ready | None = None
+    load_error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    # New on every start: lets the operator tell a restarted daemon (sets lost) at once.
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _thread: threading.Thread | None = None
+
+    def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
+        def run() -> None:
+            try:
+                t0 = time.perf_counter()
+                loaded = with_context(loader(self.settings.model), self.settings.max_context)
+                self.attach(Engine(loaded, self.engine_config(loaded)))
+                log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
+            except Exception as exc:  # reported on /readyz and in every 503 body
+                log.exception("model %r failed to load", self.settings.model)
+                self.load_error = f"{type(exc).__name__}: {exc}"
+
+        self._thread = threading.Thread(target=run, name="warmfleet-load", daemon=True)
+        self._thread.start()
+
+    def engine_config(self, loaded: LoadedModel) -> EngineConfig:
+        return EngineConfig(
+            block_size=self.settings.resolved_block_size(loaded.on_gpu),
+            cache_budget_bytes=self.settings.cache_budget_bytes(),
+            max_num_seqs=self.settings.max_num_seqs,
+            prefill_aging_picks=self.settings.prefill_aging_picks,
+        )
+
+    def attach(self, engine: Engine) -> None:
+        """Serve `engine`: start it, then restore and warm the warm sets."""
+        settings = self.settings
+        # Listening before anything is stored, so the log misses no block.
+        events = CacheEventLog[BlockPayload](lambda payload: payload.logits is not None)
+        engine.cache.listeners.append(events.record)
+        transfer = KVTransfer(  # probes the model: before the engine thread starts
+            engine,
+            state_dir=settings.state_dir,
+            snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
+            warm_from=settings.warm_from,
+            peer_token=settings.admin_token,
+        )
+        engine.start()
+        loaded = engine.loaded
+        ids = {loaded.name, settings.model, "default"}
+        if settings.served_model_name:
+            ids.add(settings.served_model_name)
+        prompts = PromptBuilder(loaded.tokenizer)
+        warm = WarmManager(
+            engine,
+            prompts,
+            limits=Limits(
+                max_sets=settings.max_warm_sets,
+                max_prompts_per_set=settings.max_warm_prompts_per_set,
+                max_message_chars=settings.max_warm_message_chars,
+                max_pinned_fraction=settings.max_pinned_fraction,
+            ),
+            store=(
+                StateStore(settings.state_dir, max_bytes=settings.max_state_mb * MiB)
+                if settings.state_dir
+                else None
+            ),
+            transfer=transfer,
+        )
+        telemetry = Telemetry(
+            TelemetryConfig(
+                daemon=settings.daemon_name or default_daemon_name(),
+                model=settings.served_model_name or loaded.name,
+                otlp_endpoint=settings.otlp_endpoint,
+            )
+        )
+        telemetry.observe_engine(engine)
+        telemetry.observe_warm_sets(warm)
+        diagnostics = CacheDiagnostics(prompts.decode)
+        engine.observers.append(diagnostics.observe)
+        diagnostics.start()
+        budget, fraction = engine.config.cache_budget_bytes, settings.max_pinned_fraction
+        pins = TimedPins(engine.cache, lambda: int(budget * fraction))
+        pins.start()
+        warm.start()
+        warm.restore()
+        if settings.warm_prompts:
+            self._apply_warm_prompts_file(warm, settings.warm_prompts)
+        # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
+        self.ready = Ready(
+            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer, pins
+        )
+
+    def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
+        try:
+            spec = read_warm_prompts_file(path, concurrency=self.settings.warm_prompts_concurrency)
+            warm.apply("local", "warm-prompts", spec, persist=False, keep_going=True)
+            log.info("Warming %d prompt(s) from %s in the background", len(spec.prompts), path)
+        except (ValueError, WarmSetError) as exc:
+            log.error("--warm-prompts %s not applied: %s", path, getattr(exc, "message", exc))
+
+    def served_name(self) -> str:
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        return self.ready.model.name if self.ready else self.settings.model
+
+    def shutdown(self) -> None:
+        if self.ready is not None:
+            self.ready.warm.stop()
+            if self.ready.pins is not None:
+                self.ready.pins.stop()
+            self.ready.diagnostics.stop()
+            if self.ready.transfer is not None:
+                self.ready.transfer.stop()
+            self.ready.engine.stop()
+            self.ready.telemetry.shutdown()

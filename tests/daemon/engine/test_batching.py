@@ -1,0 +1,110 @@
+"""Continuous batching: join/leave, chunked prefill interleaved with decoding,
+shortest-remaining-prefill first, dedup of shared chunks, cancellation."""
+
+from __future__ import annotations
+
+import random
+
+from support.engine import greedy, request, run, tokens_of
+from warmfleet_daemon.engine.core import Event
+
+VOCAB = (100, 49000)
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(*VOCAB) for _ in range(n)]
+
+
+def test_concurrent_requests_each_get_their_solo_output(tiny, make_engine) -> None:
+    rng = random.Random(1)
+    prompts = [prompt(rng, n) for n in (5, 40, 90, 200, 13, 64)]
+    solo = [tokens_of(run(make_engine(tiny), request(p, sampling=greedy(20)))[0]) for p in prompts]
+    together = run(make_engine(tiny), *[request(p, sampling=greedy(20)) for p in prompts])
+    assert [tokens_of(e) for e in together] == solo
+    assert len({tuple(s) for s in solo}) == len(solo)  # the outputs really differ
+
+
+def test_a_long_prefill_does_not_stall_running_decodes(tiny, make_engine) -> None:
+    rng = random.Random(2)
+    engine = make_engine(tiny, block_size=16)
+    short_events: list[Event] = []
+    engine.submit(request(prompt(rng, 8), sampling=greedy(30)), short_events.append)
+    while not engine.stats().running:
+        engine.step()
+    long_events: list[Event] = []
+    engine.submit(request(prompt(rng, 400), sampling=greedy(5)), long_events.append)
+    engine.step()
+    for _ in range(10):  # every step decodes one token while one chunk is prefilled
+        before = len(tokens_of(short_events))
+        engine.step()
+        assert len(tokens_of(short_events)) == before + 1 or short_events[-1].finish_reason
+        assert engine.stats().prefilling == 1
+    engine.run_until_idle()
+    assert long_events[-1].finish_reason == "length"
+
+
+def test_short_prompts_are_prefilled_before_long_ones(tiny, make_engine) -> None:
+    rng = random.Random(3)
+    engine = make_engine(tiny, block_size=16)
+    order: list[str] = []
+    long_req = request(prompt(rng, 600), sampling=greedy(2))
+    short_req = request(prompt(rng, 20), sampling=greedy(2))
+    engine.submit(long_req, lambda e: e.finish_reason and order.append("long"))
+    engine.step()  # the long prompt starts first
+    engine.submit(short_req, lambda e: e.finish_reason and order.append("short"))
+    engine.run_until_idle()
+    assert order == ["short", "long"]
+
+
+def test_two_prompts_sharing_a_prefix_compute_it_once(tiny, make_engine) -> None:
+    rng = random.Random(4)
+    shared = prompt(rng, 256)
+    a, b = shared + prompt(rng, 10), shared + prompt(rng, 12)
+    engine = make_engine(tiny, block_size=32)
+    events = run(engine, request(a, (256,)), request(b, (256,)))
+    total_prefill = engine.stats().prefill_tokens_total
+    assert total_prefill == 256 + (len(a) - 256) + (len(b) - 256)
+    assert sorted(e[-1].usage.cached_tokens for e in events) == [0, 256]
+
+
+def test_max_num_seqs_queues_the_rest(tiny, make_engine) -> None:
+    rng = random.Random(5)
+    engine = make_engine(tiny, max_num_seqs=2)
+    for _ in range(5):
+        engine.submit(request(prompt(rng, 30), sampling=greedy(4)), lambda _: None)
+    engine.step()
+    stats = engine.stats()
+    assert stats.running + stats.prefilling == 2 and stats.waiting == 3
+    engine.run_until_idle()
+    assert engine.stats().waiting == 0
+
+
+def test_cancel_frees_the_slot_and_ends_the_stream(tiny, make_engine) -> None:
+    rng = random.Random(6)
+    engine = make_engine(tiny)
+    events: list[Event] = []
+    req = request(prompt(rng, 30), sampling=greedy(1000, ignore_eos=True))
+    engine.submit(req, events.append)
+    for _ in range(5):
+        engine.step()
+    engine.cancel(req.request_id)
+    engine.step()
+    assert events[-1].finish_reason == "abort"
+    assert engine.stats().running == 0
+
+
+def test_single_token_prompt(tiny, make_engine) -> None:
+    events = run(make_engine(tiny), request([1234], sampling=greedy(3)))[0]
+    assert len(tokens_of(events)) == 3 and events[-1].usage.cached_tokens == 0
+
+
+def test_a_request_arriving_during_warm_up_does_not_pay_for_the_prefix_twice(
+    tiny, make_engine
+) -> None:
+    rng = random.Random(8)
+    prefix = prompt(rng, 300)
+    real = prefix + prompt(rng, 20)
+    engine = make_engine(tiny, block_size=32)
+    events = run(engine, request(prefix, prefill_only=True), request(real, (300,)))
+    assert engine.stats().prefill_tokens_total == len(real)
+    assert events[1][-1].usage.cached_tokens == 300

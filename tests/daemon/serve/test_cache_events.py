@@ -1,0 +1,112 @@
+"""The cache-event routes of a real daemon (tiny model, admin token): the stream follows
+a snapshot without a gap, its keys are the ones a router computes from the daemon's
+served layout, a clear is an event, and a stale or foreign position gets a reset."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from support.processes import Daemon, start_daemon
+from warmfleet_common.cache_layout import CacheLayout
+from warmfleet_router.keys import LayoutKeyer, request_blocks
+
+TOKEN = "events-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CHAT = {
+    "model": "default",
+    "temperature": 0,
+    "max_tokens": 4,
+    "messages": [
+        {"role": "system", "content": "You are Scout, the SRE team's log analyst. " * 8},
+        {"role": "user", "content": "Which pod restarted most often today?"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    d = start_daemon(
+        "--model", "tiny-random", "--block-size", "32", env={"WARMFLEET_ADMIN_TOKEN": TOKEN}
+    )
+    yield d
+    d.stop()
+
+
+def lines(daemon: Daemon, **params: object) -> Iterator[dict[str, object]]:
+    with httpx.stream(
+        "GET",
+        f"{daemon.url}/v1/cache/events",
+        params={"heartbeat": 0.5, **params},
+        headers=AUTH,
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        for line in r.iter_lines():
+            if line:
+                yield json.loads(line)
+
+
+def test_the_admin_routes_need_the_token(daemon: Daemon) -> None:
+    for path in ("/v1/cache/snapshot", "/v1/cache/events", "/v1/cache/layout"):
+        r = httpx.get(f"{daemon.url}{path}", timeout=10)
+        assert r.status_code == 401, path
+        assert r.json()["error"]["code"] == "missing_token"
+
+
+def test_events_after_a_snapshot_carry_the_keys_a_router_computes(daemon: Daemon) -> None:
+    snap = httpx.get(f"{daemon.url}/v1/cache/snapshot", headers=AUTH, timeout=30).json()
+    layout = CacheLayout.model_validate(
+        httpx.get(f"{daemon.url}/v1/cache/layout", headers=AUTH, timeout=30).json()
+    )
+    assert snap["fingerprint"] == layout.fingerprint and layout.block_size == 32
+    expected = request_blocks(LayoutKeyer(layout), "chat", CHAT)
+    assert len(expected.keys) >= 3  # system prompt blocks, then the question
+
+    r = httpx.post(f"{daemon.url}/v1/chat/completions", json=CHAT, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == expected.tokens
+
+    stream = lines(daemon, after=snap["seq"], epoch=snap["epoch"])
+    hello = next(stream)
+    assert hello["type"] == "hello" and hello["epoch"] == snap["epoch"]
+    stored: list[str] = []
+    seq = snap["seq"]
+    for event in stream:
+        if event["type"] == "heartbeat":
+            assert event["seq"] == seq  # nothing skipped
+            break
+        assert event["seq"] == seq + 1
+        seq = event["seq"]
+        if event["type"] == "stored":
+            stored.append(str(event["key"]))
+    assert [k.hex() for k in expected.keys] == stored
+
+    # The snapshot now holds the same blocks, current at the same number.
+    again = httpx.get(f"{daemon.url}/v1/cache/snapshot", headers=AUTH, timeout=30).json()
+    assert again["seq"] == seq
+    assert {b["key"] for b in again["blocks"]} >= set(stored)
+
+
+def test_a_clear_is_an_event(daemon: Daemon) -> None:
+    seq = httpx.get(f"{daemon.url}/v1/cache/snapshot", headers=AUTH, timeout=30).json()["seq"]
+    assert (
+        httpx.delete(f"{daemon.url}/v1/cache/prefix", headers=AUTH, timeout=30).status_code == 200
+    )
+    stream = lines(daemon, after=seq)
+    assert next(stream)["type"] == "hello"
+    assert next(stream) == {"seq": seq + 1, "type": "cleared"}
+
+
+def test_a_foreign_epoch_or_a_future_position_gets_a_reset(daemon: Daemon) -> None:
+    stream = lines(daemon, after=0, epoch="0" * 32)
+    assert next(stream)["type"] == "hello"
+    assert next(stream) == {"type": "reset", "reason": "epoch"}
+    assert list(stream) == []  # and the stream ends
+    stream = lines(daemon, after=10**9)
+    assert next(stream)["type"] == "hello"
+    assert next(stream) == {"type": "reset", "reason": "gap"}

@@ -1,0 +1,284 @@
+"""A real router in front of three real tiny-random daemons, driven by the `openai` client:
+prefix routing from the daemons' cache events (predicted cached tokens equal the
+daemons' own), warm sets spreading a shared system prompt, streaming passed through,
+session affinity, failover before the first byte and an error event after it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.processes import Daemon, start_daemon, start_router
+from support.promql import dashboard_queries, metric_names
+
+TOKEN = "router-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SYSTEM = {
+    "role": "system",
+    "content": "You are Relay, the incident commander's assistant. Keep answers short. " * 6,
+}
+
+
+@pytest.fixture(scope="module")
+def daemons() -> Iterator[list[Daemon]]:
+    started = [
+        start_daemon(
+            "--model", "tiny-random", "--block-size", "32", env={"WARMFLEET_ADMIN_TOKEN": TOKEN}
+        )
+        for _ in range(3)
+    ]
+    yield started
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def router(daemons: list[Daemon], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    token_file = Path(tmp_path_factory.mktemp("router")) / "token"
+    token_file.write_text(TOKEN + "\n")
+    backends = [arg for d in daemons for arg in ("--backend", d.url)]
+    # Slow active checks: the failover tests exercise the passive ones.
+    r = start_router(*backends, "--admin-token-file", str(token_file), "--health-interval", "30")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        modes = [b["index"]["mode"] for b in status(r)["backends"]]
+        if modes == ["following"] * 3:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the router never followed every daemon's events: {status(r)}\n{r.log()}")
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def client(router: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+
+
+def status(router: Daemon) -> dict[str, Any]:
+    return httpx.get(f"{router.url}/v1/router/status", timeout=10).json()
+
+
+def name_of(daemon: Daemon) -> str:
+    return daemon.url.removeprefix("http://")
+
+
+def ask(client: openai.OpenAI, messages: list[dict[str, str]], **kw: Any) -> tuple[Any, str, str]:
+    raw = client.chat.completions.with_raw_response.create(
+        model="default", messages=messages, temperature=0, max_tokens=8, **kw
+    )
+    return raw.parse(), raw.headers["x-warmfleet-backend"], raw.headers["x-warmfleet-route-reason"]
+
+
+def last_decision(router: Daemon) -> dict[str, Any]:
+    # Recorded when the response ends, a moment after the client has it.
+    for _ in range(50):
+        decisions = status(router)["decisions"]
+        if decisions:
+            return decisions[0]
+        time.sleep(0.05)
+    raise AssertionError("no decision recorded")
+
+
+def wait_for_events(router: Daemon, seconds: float = 0.5) -> None:
+    time.sleep(seconds)  # the daemons' events reach the router within milliseconds
+
+
+def test_models_and_readiness(router: Daemon, client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == ["tiny-random"]
+    assert httpx.get(f"{router.url}/readyz").json()["status"] == "ready"
+    body = status(router)
+    assert body["policy"] == "prefix" and len(body["backends"]) == 3
+    assert all(b["health"] == "ready" and b["index"]["layout"] for b in body["backends"])
+
+
+def test_a_conversation_follows_its_history_and_predictions_are_exact(
+    router: Daemon, client: openai.OpenAI
+) -> None:
+    history = [SYSTEM]
+    backends = []
+    for turn in range(4):
+        history.append(
+            {"role": "user", "content": f"Turn {turn}: what is the status of INC-{turn}?"}
+        )
+        r, backend, reason = ask(client, history)
+        history.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+        decision = last_decision(router)
+        assert decision["predicted_cached_tokens"] == r.usage.prompt_tokens_details.cached_tokens
+        backends.append(backend)
+        if turn:
+            assert reason == "prefix"
+            assert r.usage.prompt_tokens_details.cached_tokens > 0
+        wait_for_events(router)
+    assert len(set(backends)) == 1, backends
+
+
+def test_a_warm_set_on_every_daemon_spreads_new_sessions(
+    router: Daemon, daemons: list[Daemon], client: openai.OpenAI
+) -> None:
+    system = {"role": "system", "content": "You are Ledger, the finance team's agent. " * 10}
+    spec = {"generation": 1, "prompts": [{"name": "ledger", "messages": [system]}]}
+    for d in daemons:
+        r = httpx.put(f"{d.url}/v1/warm-sets/team/ledger", json=spec, headers=AUTH, timeout=30)
+        assert r.status_code == 202, r.text
+    for d in daemons:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{d.url}/readyz", params={"warm": 1}).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    wait_for_events(router)
+    for d in daemons:  # the blocks a warm set lists are the ones the daemon holds
+        sets = httpx.get(f"{d.url}/v1/warm-sets", headers=AUTH).json()["sets"]
+        listed = next(s for s in sets if s["name"] == "ledger")["prompts"][0]["blocks"]
+        snapshot = httpx.get(f"{d.url}/v1/cache/snapshot", headers=AUTH).json()
+        assert listed and set(listed) <= {b["key"] for b in snapshot["blocks"]}
+    used = set()
+    for i in range(9):
+        r, backend, reason = ask(client, [system, {"role": "user", "content": f"Invoice {i}?"}])
+        assert reason == "prefix"
+        assert r.usage.prompt_tokens_details.cached_tokens > 0  # warm everywhere
+        used.add(backend)
+    assert len(used) >= 2, used
+    # The router reads warm sets through the daemons' admin route every 10 s.
+    expected = {"namespace": "team", "name": "ledger", "warm": 1, "total": 1, "pin": True}
+    deadline = time.monotonic() + 15
+    while not all(expected in b["warm_sets"] for b in status(router)["backends"]):
+        assert time.monotonic() < deadline, status(router)["backends"]
+        time.sleep(0.5)
+
+
+def test_streaming_passes_chunks_through_with_usage(router: Daemon, client: openai.OpenAI) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Stream me a short status line."}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="default",
+        messages=messages,
+        temperature=0,
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    backend = raw.headers["x-warmfleet-backend"]
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert text and usage is not None and usage.completion_tokens == 16
+    assert usage.prompt_tokens_details.cached_tokens > 0  # the system prompt is cached
+    decision = last_decision(router)
+    assert decision["backend"] == backend
+    assert decision["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
+    assert decision["predicted_cached_tokens"] == decision["cached_tokens"]
+    # The same answer as without the router (greedy).
+    direct = openai.OpenAI(base_url=f"http://{backend}/v1", api_key="unused", max_retries=0)
+    again = direct.chat.completions.create(
+        model="default", messages=messages, temperature=0, max_tokens=16
+    )
+    assert again.choices[0].message.content == text
+
+
+def test_the_session_header_keeps_a_session_on_one_backend(
+    router: Daemon, client: openai.OpenAI
+) -> None:
+    picks = []
+    for i in range(4):
+        # Unrelated contents: only the header ties them together.
+        _, backend, reason = ask(
+            client,
+            [{"role": "user", "content": f"Unrelated question number {i} " * (i + 1)}],
+            extra_headers={"x-session-affinity": "user-7"},
+        )
+        picks.append((backend, reason))
+    assert len({b for b, _ in picks}) == 1
+    assert [r for _, r in picks[1:]] == ["session"] * 3
+
+
+def test_bad_input_gets_the_daemons_error_and_changes_nothing(router: Daemon) -> None:
+    before = {b["name"]: b["failures"] for b in status(router)["backends"]}
+    r = httpx.post(
+        f"{router.url}/v1/chat/completions", json={"model": "default", "messages": []}, timeout=30
+    )
+    assert r.status_code in (400, 422) and "error" in r.json()
+    assert r.headers["x-warmfleet-backend"] in before  # answered by a daemon, not retried
+    r = httpx.post(f"{router.url}/v1/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code in (400, 422) and "error" in r.json()
+    r = httpx.post(f"{router.url}/v1/completions", content=b"x" * (9 << 20), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert {b["name"]: b["failures"] for b in status(router)["backends"]} == before
+    assert all(b["health"] == "ready" for b in status(router)["backends"])
+
+
+def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(router: Daemon) -> None:
+    values: dict[str, float] = {}
+    exported = set()
+    for family in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text):
+        for sample in family.samples:
+            exported.add(sample.name)
+            if sample.labels.get("gen_ai_request_model") == "tiny-random":
+                values[sample.name] = values.get(sample.name, 0) + sample.value
+    decisions = [d for d in status(router)["decisions"] if d["cached_tokens"] is not None]
+    assert values["warmfleet_router_cached_tokens_total"] == sum(
+        d["cached_tokens"] for d in decisions
+    )
+    assert values["warmfleet_router_predicted_cached_tokens_total"] == sum(
+        d["predicted_cached_tokens"] or 0 for d in decisions
+    )
+    assert values["warmfleet_router_requests_total"] == len(status(router)["decisions"])
+    assert values["warmfleet_router_index_resyncs_total"] == 3
+    for where, expr in dashboard_queries():
+        for name in metric_names(expr):
+            if name.startswith("warmfleet_router_"):
+                assert name in exported, f"{where} reads {name}, which the router does not export"
+
+
+def test_failover_before_the_first_byte(
+    router: Daemon, daemons: list[Daemon], client: openai.OpenAI
+) -> None:
+    history = [SYSTEM, {"role": "user", "content": "Who is on call for payments?"}]
+    _, backend, _ = ask(client, history, extra_headers={"x-session-affinity": "ops-1"})
+    wait_for_events(router)
+    victim = next(d for d in daemons if name_of(d) == backend)
+    victim.process.kill()  # no drain, no goodbye: the router has not noticed yet
+    victim.process.wait()
+    history.append({"role": "user", "content": "And for search?"})
+    r, second, reason = ask(client, history, extra_headers={"x-session-affinity": "ops-1"})
+    assert second != backend and reason == "failover"
+    assert r.choices[0].message.content is not None
+    dead = next(b for b in status(router)["backends"] if b["name"] == backend)
+    assert dead["health"] == "down" and dead["failures"] >= 1
+    # Later requests avoid it without trying it first.
+    _, third, reason = ask(client, history, extra_headers={"x-session-affinity": "ops-1"})
+    assert third == second and reason == "session"
+
+
+def test_a_stream_cut_after_its_first_byte_ends_with_an_error_event(
+    router: Daemon, daemons: list[Daemon], client: openai.OpenAI
+) -> None:
+    alive = [d for d in daemons if d.process.poll() is None]
+    assert len(alive) == 2
+    stream = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Count to a very large number."}],
+        temperature=0,
+        max_tokens=6000,
+        extra_body={"ignore_eos": True},
+        stream=True,
+    )
+    with pytest.raises(openai.APIError, match="mid-stream"):
+        for i, _chunk in enumerate(stream):
+            if i == 3:
+                for d in alive:  # whichever serves it
+                    if d.process.poll() is None and _serving(router, d):
+                        d.process.kill()
+
+
+def _serving(router: Daemon, daemon: Daemon) -> bool:
+    backends = {b["name"]: b for b in status(router)["backends"]}
+    return bool(backends[name_of(daemon)]["in_flight"])

@@ -1,0 +1,76 @@
+"""A scripted model: a real model object for the engine (it keeps a KV cache, so prefill
+chunks, the prefix cache and batching all run) whose next token is read from a script.
+
+The KV cache holds the token ids themselves, so the model sees the whole history on
+every call: it finds the chat's generation prompt and emits `script[k]` for the k-th
+token after it, then EOS. Tokens outside the script get `fallback` logits (0 unless
+set), which is what a grammar mask chooses from when it forbids the scripted token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from support.processes import serving
+from warmfleet_daemon.api.app import create_app
+from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.models.loader import LoadedModel
+from warmfleet_daemon.settings import DaemonSettings
+
+NAME = "scripted"
+
+
+class ScriptedModel:
+    def __init__(self, tokenizer: Any, script: str, fallback: dict[str, float] | None = None):
+        self.vocab_size = len(tokenizer)
+        self.marker = tuple(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
+        self.eos = min(tokenizer.eos_token_ids)
+        self.script = list(tokenizer.encode(script, add_special_tokens=False)) if script else []
+        bias = [0.0] * self.vocab_size
+        for text, value in (fallback or {}).items():
+            for token in tokenizer.encode(text, add_special_tokens=False):
+                bias[token] = value
+        self._fallback = mx.array(bias)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache()]
+
+    def parameters(self) -> dict[str, Any]:
+        return {}  # no weights: what it says is its script (mlx-lm models are nn.Modules)
+
+    def next_token(self, history: list[int]) -> int:
+        m = len(self.marker)
+        starts = [
+            i for i in range(len(history) - m + 1) if tuple(history[i : i + m]) == self.marker
+        ]
+        k = len(history) - (starts[-1] + m) if starts else 0
+        return self.script[k] if k < len(self.script) else self.eos
+
+    def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        batch, length = inputs.shape
+        assert batch == 1 and cache is not None
+        ids = inputs.astype(mx.float32).reshape(1, 1, length, 1)
+        keys, _ = cache[0].update_and_fetch(ids, ids)
+        history = [int(t) for t in keys[0, 0, :, 0].tolist()]
+        row = self._fallback + 20.0 * (mx.arange(self.vocab_size) == self.next_token(history))
+        return mx.broadcast_to(row, (1, length, self.vocab_size))
+
+
+def scripted_engine(tokenizer: Any, script: str, **kw: Any) -> Engine:
+    model = ScriptedModel(tokenizer, script, **kw)
+    loaded = LoadedModel(model, tokenizer, NAME, "a script", 8192, False)  # type: ignore[arg-type]
+    return Engine(loaded, EngineConfig(block_size=32, cache_budget_bytes=1 << 26))
+
+
+@contextmanager
+def serve(engine: Engine) -> Iterator[str]:
+    """The daemon's app on a real HTTP port (uvicorn in a thread); yields its base URL."""
+    # Greedy unless a request says otherwise: what a mask leaves is chosen deterministically.
+    settings = DaemonSettings(model=NAME, default_temperature=0.0)
+    with serving(create_app(settings, engine=engine)) as url:
+        yield url
