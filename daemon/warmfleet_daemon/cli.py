@@ -118,6 +118,7 @@ def serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.kvtransfer.snapshots import check_directory as check_snapshot_directory
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.node.cli import register_if_asked
     from warmfleet_daemon.settings import DaemonSettings
@@ -145,6 +146,8 @@ def serve(args: argparse.Namespace) -> int:
             read_warm_prompts_file(settings.warm_prompts)  # fail now, not after loading
         if settings.state_dir:  # fail now, not as a daemon that never gets ready
             StateStore(settings.state_dir).check_writable()
+            if settings.snapshot_disk_mb > 0:
+                check_snapshot_directory(settings.state_dir)
     except (ValidationError, ValueError, OSError) as exc:
         print(f"warmfleet serve: {exc}", file=sys.stderr)
         return 2
