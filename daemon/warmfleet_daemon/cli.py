@@ -94,6 +94,14 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "warm prompt; repeatable (its admin token: this daemon's own)",
     )
     p.add_argument(
+        "--warm-from-deadline",
+        type=float,
+        metavar="S",
+        dest="warm_from_deadline_s",
+        help="time to copy one warm prompt's blocks from peers (--warm-from or pushed); "
+        "then the rest is prefilled (default 120)",
+    )
+    p.add_argument(
         "--max-state-mb", type=int, metavar="N", help="bound on the state file (default 64)"
     )
     p.add_argument(
