@@ -51,10 +51,12 @@ def open_regular(path: str | Path, max_bytes: int) -> Iterator[int]:
         os.close(fd)
 
 
-def descriptor_path(fd: int) -> str:
+def descriptor_path(fd: int, path: str | Path) -> str:
     """A path that opens the file behind `fd` (for readers that take a path, like
-    mlx's): what they read is the file that was checked, even if its name moved on."""
-    return f"/dev/fd/{fd}"
+    mlx's): what they read is the file that was checked, even if its name moved on.
+    Linux and macOS have /dev/fd; without it (no /proc), `path` itself."""
+    by_descriptor = f"/dev/fd/{fd}"
+    return by_descriptor if os.path.exists(by_descriptor) else str(path)
 
 
 def read_regular(path: str | Path, max_bytes: int) -> bytes:

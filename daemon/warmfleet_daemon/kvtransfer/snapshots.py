@@ -106,7 +106,7 @@ class SnapshotStore:
         path = self._path(chunk.key)
         try:
             with open_regular(path, self.codec.max_block_bytes(chunk.size)) as fd:
-                payload = self.codec.from_file(descriptor_path(fd), chunk)
+                payload = self.codec.from_file(descriptor_path(fd, path), chunk)
         except OSError as exc:  # gone, not a regular file, too large
             log.warning("Ignoring KV snapshot %s (it will be prefilled): %s", path.name, exc)
             with self._lock:

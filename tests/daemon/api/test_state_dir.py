@@ -97,6 +97,17 @@ def test_a_state_file_that_is_a_fifo_is_moved_aside_unread(
     assert "is a FIFO, not a regular file" in line
 
 
+def test_a_state_file_over_the_bound_is_moved_aside_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_state(tmp_path, [saved("ops", "pager", spec())])
+    size = (tmp_path / FILE_NAME).stat().st_size
+    with caplog.at_level(logging.ERROR):
+        assert StateStore(tmp_path, max_bytes=size - 1).load() == {}
+    assert len(aside(tmp_path, f"{FILE_NAME}.unreadable-*")) == 1
+    assert f"has {size} bytes, more than the {size - 1} read" in caplog.records[0].getMessage()
+
+
 def test_one_bad_set_does_not_drop_the_others(start: Any, tmp_path: Path) -> None:
     bad = spec(name="no spaces allowed")
     write_state(
