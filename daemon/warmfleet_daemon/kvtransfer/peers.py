@@ -150,7 +150,8 @@ def _abandoned(url: str, why: str) -> None:
 
 
 def _past(deadline: float) -> str:
-    return f"its deadline passed {time.monotonic() - deadline:.1f}s ago (--warm-from-deadline)"
+    late = time.monotonic() - deadline
+    return f"the warm-up's deadline (--warm-from-deadline) passed {late:.1f}s ago"
 
 
 def _capped(r: httpx.Response, cap: int, deadline: float, what: str) -> Iterator[bytes]:

@@ -198,7 +198,7 @@ class HostilePeer:
             "abandoned (the rest is prefilled): GET /v1/cache/fingerprint sent more than "
             "65536 bytes",
         ),
-        ("trickled-blocks", "abandoned (the rest is prefilled): its deadline passed"),
+        ("trickled-blocks", "abandoned (the rest is prefilled): the warm-up's deadline"),
         ("endless-error-body", "stopped: GET /v1/cache/blocks answered 500: aaaa"),
     ],
 )
