@@ -107,6 +107,7 @@ class DaemonState:
             snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
             warm_from=settings.warm_from,
             peer_token=settings.admin_token,
+            peer_deadline_s=settings.warm_from_deadline_s,
         )
         engine.start()
         loaded = engine.loaded

@@ -94,6 +94,14 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "warm prompt; repeatable (its admin token: this daemon's own)",
     )
     p.add_argument(
+        "--warm-from-deadline",
+        type=float,
+        metavar="S",
+        dest="warm_from_deadline_s",
+        help="time to copy one warm prompt's blocks from peers (--warm-from or pushed); "
+        "then the rest is prefilled (default 120)",
+    )
+    p.add_argument(
         "--max-state-mb", type=int, metavar="N", help="bound on the state file (default 64)"
     )
     p.add_argument(
@@ -118,6 +126,7 @@ def serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.kvtransfer.snapshots import check_directory as check_snapshot_directory
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.node.cli import register_if_asked
     from warmfleet_daemon.settings import DaemonSettings
@@ -145,6 +154,8 @@ def serve(args: argparse.Namespace) -> int:
             read_warm_prompts_file(settings.warm_prompts)  # fail now, not after loading
         if settings.state_dir:  # fail now, not as a daemon that never gets ready
             StateStore(settings.state_dir).check_writable()
+            if settings.snapshot_disk_mb > 0:
+                check_snapshot_directory(settings.state_dir)
     except (ValidationError, ValueError, OSError) as exc:
         print(f"warmfleet serve: {exc}", file=sys.stderr)
         return 2

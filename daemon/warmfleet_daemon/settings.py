@@ -102,6 +102,13 @@ class DaemonSettings(BaseSettings):
         default_factory=list,
         description="peer daemons to copy warm blocks from before prefilling (same fingerprint)",
     )
+    warm_from_deadline_s: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        description="time to copy one warm prompt's blocks from its peers; then the rest is "
+        "prefilled",
+    )
 
     @model_validator(mode="after")
     def _known_engine_path(self) -> DaemonSettings:

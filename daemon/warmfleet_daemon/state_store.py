@@ -1,8 +1,9 @@
 """Pushed warm sets on disk (`--state-dir`), so a restarted daemon re-warms them
 before the operator pushes again. Written atomically (temp file, fsync, rename, fsync
 of the directory) and bounded in size. Reading never fails the daemon: a file that
-cannot be parsed is moved aside whole, a set that cannot be read is kept aside in a
-`warm-sets.rejected-*.json` file, and the others are restored."""
+cannot be parsed, is no regular file or exceeds the bound is moved aside whole, a set
+that cannot be read is kept aside in a `warm-sets.rejected-*.json` file, and the
+others are restored."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from warmfleet_common.contract import DNS_LABEL, DNS_SUBDOMAIN, WarmSetSpec
+from warmfleet_daemon.regular_files import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class StateStore:
         if not self.path.exists():
             return {}
         try:
-            document = json.loads(self.path.read_bytes())
+            document = json.loads(read_regular(self.path, self.max_bytes))
             if not isinstance(document, dict) or document.get("version") != FORMAT_VERSION:
                 version = document.get("version") if isinstance(document, dict) else None
                 raise ValueError(f"not a version {FORMAT_VERSION} document (version {version!r})")

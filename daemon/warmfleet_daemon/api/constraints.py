@@ -7,6 +7,7 @@ from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.schemas import ChatCompletionRequest, NamedToolChoice
 from warmfleet_daemon.api.tool_calls import forced_call_grammar, tool_format
 from warmfleet_daemon.assembly import Ready
+from warmfleet_daemon.engine.finite_schema import no_finite_instance
 from warmfleet_daemon.engine.grammar import GrammarError, json_schema_grammar, lark_grammar
 
 
@@ -51,6 +52,11 @@ def output_constraints(
             functions = [f for f in functions if f["name"] == choice.function.name]
             if not functions:
                 raise APIError(400, f"no tool named {choice.function.name!r}", param="tool_choice")
+        for f in functions:
+            endless = no_finite_instance(f.get("parameters"))
+            if endless is not None:
+                message = f"tool {f['name']!r}: its parameters cannot be enforced: {endless}"
+                raise APIError(400, message, param="tools")
         parallel = body.parallel_tool_calls is not False and not isinstance(choice, NamedToolChoice)
         grammar = lark_grammar(forced_call_grammar(fmt, functions, parallel=parallel))
         param = "tool_choice"

@@ -185,12 +185,15 @@ def _processing(ready: Ready, body: ChatCompletionRequest | CompletionRequest) -
 
 def copies(request: GenerationRequest, n: int) -> list[GenerationRequest]:
     """`n` choices of one prompt. They share its cache: the engine prefills a chunk once
-    and the others find it stored. A seeded request seeds choice i with seed + i."""
-    out = [request]
+    and the others find it stored. A seeded request seeds choice i with seed + i. As one
+    group, they hold at most the engine's per-request share of the sequence slots."""
+    if n == 1:
+        return [request]
+    out = [replace(request, group=request.request_id)]
     seed = request.sampling.seed
     for i in range(1, n):
         sampling = replace(request.sampling, seed=None if seed is None else seed + i)
-        out.append(replace(request, sampling=sampling, request_id=uuid.uuid4().hex))
+        out.append(replace(out[0], sampling=sampling, request_id=uuid.uuid4().hex))
     return out
 
 

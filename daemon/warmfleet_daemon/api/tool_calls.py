@@ -54,12 +54,12 @@ def forced_call_grammar(
             "type": "object",
             "properties": {
                 "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
+                "arguments": _own_document(f.get("parameters") or {"type": "object"}, i),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for f in functions
+        for i, f in enumerate(functions)
     ]
     schema = {"anyOf": bodies, "x-guidance": JSON_OPTIONS}
     repeat = ' ("\\n" call)*' if parallel else ""
@@ -68,6 +68,14 @@ def forced_call_grammar(
         f'call: {json.dumps(fmt.start)} "\\n" body "\\n" {json.dumps(fmt.end)}\n'
         f"body: %json {json.dumps(schema)}\n"
     )
+
+
+def _own_document(parameters: dict[str, Any], index: int) -> dict[str, Any]:
+    """The parameter schema with an `$id`, so its local `$ref`s ("#", "#/$defs/...", as
+    pydantic writes them) still mean its own root once it is inside the call's schema."""
+    if "$id" in parameters:
+        return parameters
+    return {"$id": f"urn:warmfleet:tool-parameters:{index}", **parameters}
 
 
 def _call_id() -> str:

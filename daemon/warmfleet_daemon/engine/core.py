@@ -6,6 +6,11 @@ the others for more than a chunk, and the next chunk goes to the prompt with the
 fewest tokens left, aged by its wait (`prefill_order`): short prompts get their first
 token quickly and long ones within a bounded wait.
 
+At most `max_num_seqs` sequences prefill or decode at once; the others wait in arrival
+order, except that the choices of one request (OpenAI `n`) hold at most half of the
+slots: a large `n` cannot keep every other request waiting until one of its choices
+ends, and its remaining choices start as its earlier ones finish.
+
 Why not mlx-lm's BatchGenerator: it prefills several prompts in one padded batch and
 chunks from wherever the cache hit ended, so whether a prefix was cached would change
 the arithmetic (and the output). Here every prompt is prefilled on its own, in the
@@ -23,7 +28,7 @@ import queue
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -106,6 +111,13 @@ class GenerationRequest:
     pin: bool = False
     operation: str = "chat"  # gen_ai.operation.name: chat | text_completion
     user: str | None = None  # the client's end-user id (OpenAI `user`), for the logs
+    # The choices of one client request (OpenAI `n`) share a group: together they hold at
+    # most `slot_share` sequence slots, so other requests keep being admitted.
+    group: str | None = None
+
+    @property
+    def group_key(self) -> str:
+        return self.group or self.request_id
 
 
 @dataclass(frozen=True)
@@ -497,12 +509,31 @@ class Engine:
             for seq in [*self._waiting, *self._prefilling, *self._decoding]:
                 if seq.request.request_id in cancelled:
                     self._finish(seq, "abort", "")
-        while (
-            self._waiting and len(self._prefilling) + len(self._decoding) < self.config.max_num_seqs
-        ):
-            seq = self._waiting.popleft()
-            seq.started_at = time.perf_counter()
+        free = self.config.max_num_seqs - len(self._prefilling) - len(self._decoding)
+        if free <= 0 or not self._waiting:
+            return
+        # In arrival order, except that a request's choices beyond its share wait for
+        # its earlier ones to finish, and later requests go ahead of them.
+        held = Counter(s.request.group_key for s in (*self._prefilling, *self._decoding))
+        admitted: list[_Sequence] = []
+        for seq in self._waiting:
+            if len(admitted) == free:
+                break
+            if held[seq.request.group_key] < self.slot_share:
+                held[seq.request.group_key] += 1
+                admitted.append(seq)
+        if admitted:
+            taken = set(admitted)
+            self._waiting = deque(s for s in self._waiting if s not in taken)
+        now = time.perf_counter()
+        for seq in admitted:
+            seq.started_at = now
             self._prefilling.append(seq)
+
+    @property
+    def slot_share(self) -> int:
+        """The sequence slots one request's choices may hold at once: half of them."""
+        return max(1, self.config.max_num_seqs // 2)
 
     def _pick_prefill(self) -> _Sequence | None:
         if not self._prefilling:

@@ -16,6 +16,8 @@ import llguidance.hf
 import mlx.core as mx
 import numpy as np
 
+from warmfleet_daemon.engine.finite_schema import no_finite_instance
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
@@ -28,12 +30,18 @@ JSON_OPTIONS: JsonCompileOptions = {
 }
 
 
+_FORCED_PROBE_TOKENS = 16  # checked before a grammar is accepted (GrammarCompiler.check)
+
+
 class GrammarError(ValueError):
     """The schema or grammar cannot be compiled."""
 
 
 def json_schema_grammar(schema: dict[str, Any]) -> str:
     """An llguidance grammar for documents valid under `schema`."""
+    endless = no_finite_instance(schema)
+    if endless is not None:
+        raise GrammarError(endless)
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
     except ValueError as exc:
@@ -62,10 +70,21 @@ class GrammarCompiler:
             return self._ll
 
     def check(self, grammar: str) -> None:
-        """Raise GrammarError unless `grammar` compiles for this tokenizer."""
+        """Raise GrammarError unless `grammar` compiles for this tokenizer and its
+        forced start can be produced."""
         error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
         if error:
             raise GrammarError(error)
+        # A start the grammar forces without end fails only once a token is taken
+        # ("Too many items"): take the forced ones now, not in a failed generation.
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        for _ in range(_FORCED_PROBE_TOKENS):
+            allowed = _allowed(matcher)
+            if matcher.is_error() or allowed.size != 1 or matcher.is_stopped():
+                break
+            matcher.consume_token(int(allowed[0]))
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error().splitlines()[0])
 
     def mask(self, grammar: str) -> TokenMask:
         matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
@@ -76,6 +95,12 @@ class GrammarCompiler:
     def token_bytes(self, token: int) -> bytes:
         """The exact bytes of one token (special tokens as their text)."""
         return bytes(self.ll_tokenizer.decode_bytes([token]))
+
+
+def _allowed(matcher: Any) -> np.ndarray[Any, Any]:
+    """The token ids `matcher` allows next."""
+    words = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(words, bitorder="little"))
 
 
 class TokenMask:

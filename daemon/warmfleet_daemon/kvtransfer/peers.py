@@ -5,11 +5,17 @@ machines), so the client asks for its root, plans the prompt's chunks under it (
 same spans: the plan depends only on tokens, cuts and block size, which the
 fingerprint covers) and requests them in small batches. Each block is verified before
 it is handed on; any failure ends the copy there and the rest is prefilled.
+
+A peer is another process: every response is read incrementally within a byte cap,
+and the whole copy within the caller's deadline (one per warm-up); past either, the
+copy is abandoned with one log line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,28 +25,37 @@ from warmfleet_common.chunking import Chunk, plan_chunks
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, BlockError
-from warmfleet_daemon.kvtransfer.wire import FrameError, read_frames
+from warmfleet_daemon.kvtransfer.wire import FRAME_HEADER_BYTES, FrameError, read_frames
 
 log = logging.getLogger(__name__)
 
 BATCH = 16  # blocks per request: bounds the URL length and what one response streams
 MAX_KEYS = 256  # per request, on the serving side
+FINGERPRINT_MAX_BYTES = 64 << 10  # a handful of fields
+ERROR_BODY_MAX_BYTES = 1 << 10  # the part of an error body quoted in the log
+
+
+class PeerLimit(Exception):
+    """A response over its byte cap, or the copy past its deadline."""
 
 
 class PeerClient:
     def __init__(self, codec: BlockCodec, *, token: str | None, timeout_s: float = 30.0) -> None:
         self.codec = codec
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.timeout = httpx.Timeout(timeout_s, connect=5.0)
+        self.headers = {"Accept-Encoding": "identity"}  # caps count what is held, not zipped
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.timeout_s = timeout_s
 
     def fetch(
-        self, url: str, prompt: RenderedPrompt, chunks: list[Chunk], start: int
+        self, url: str, prompt: RenderedPrompt, chunks: list[Chunk], start: int, deadline: float
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
-        """Verified payloads of `chunks[start:]`, in order, as far as the peer has them.
-        Errors are logged (one line) and end the iteration."""
+        """Verified payloads of `chunks[start:]`, in order, as far as the peer has them,
+        until `deadline` (time.monotonic()). Errors are logged (one line) and end the
+        iteration."""
         try:
-            with httpx.Client(base_url=url, headers=self.headers, timeout=self.timeout) as http:
-                info = self._info(http, url)
+            with httpx.Client(base_url=url, headers=self.headers) as http:
+                info = self._info(http, url, deadline)
                 if info is None:
                     return
                 theirs = plan_chunks(
@@ -56,21 +71,47 @@ class PeerClient:
                 while index < len(chunks):
                     batch = theirs[index : index + BATCH]
                     got = 0
-                    for data in self._stream(http, batch):
+                    for data in self._stream(http, batch, deadline):
                         yield index, self.codec.from_bytes(data, batch[got])
                         got += 1
                         index += 1
                     if got < len(batch):  # the peer does not have the rest
                         return
-        except (httpx.HTTPError, FrameError, BlockError, KeyError, ValueError) as exc:
-            log.warning("copying blocks from peer %s stopped: %s", url, exc)
+        except PeerLimit as exc:
+            _abandoned(url, str(exc))
+        except (
+            httpx.HTTPError,
+            FrameError,
+            BlockError,
+            LookupError,
+            ValueError,
+            TypeError,
+            OverflowError,  # e.g. "block_size": Infinity
+        ) as exc:
+            if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
+                _abandoned(url, _past(deadline))  # the read's timeout was cut to the deadline
+            else:
+                log.warning("copying blocks from peer %s stopped: %s", url, exc)
 
-    def _info(self, http: httpx.Client, url: str) -> dict[str, Any] | None:
-        r = http.get("/v1/cache/fingerprint")
-        if r.status_code != 200:
-            log.warning("peer %s: GET /v1/cache/fingerprint answered %d", url, r.status_code)
-            return None
-        info: dict[str, Any] = r.json()
+    def _timeout(self, deadline: float) -> httpx.Timeout:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PeerLimit(_past(deadline))
+        return httpx.Timeout(min(self.timeout_s, left), connect=min(5.0, left))
+
+    def _info(self, http: httpx.Client, url: str, deadline: float) -> dict[str, Any] | None:
+        path = "/v1/cache/fingerprint"
+        with http.stream("GET", path, timeout=self._timeout(deadline)) as r:
+            if r.status_code != 200:
+                log.warning("peer %s: GET %s answered %d", url, path, r.status_code)
+                return None
+            body = b"".join(_capped(r, FINGERPRINT_MAX_BYTES, deadline, f"GET {path}"))
+        try:
+            info = json.loads(body)
+        except RecursionError as exc:
+            raise ValueError(f"GET {path}: nested too deeply") from exc
+        if not isinstance(info, dict):
+            raise ValueError(f"GET {path} answered a {type(info).__name__}, not an object")
         if info.get("fingerprint") != self.codec.fingerprint:
             log.warning(
                 "peer %s serves another model or configuration (fingerprint %s, ours %s); "
@@ -82,18 +123,54 @@ class PeerClient:
             return None
         return info
 
-    def _stream(self, http: httpx.Client, batch: list[Chunk]) -> Iterator[bytes]:
+    def _stream(self, http: httpx.Client, batch: list[Chunk], deadline: float) -> Iterator[bytes]:
         params = {
             "keys": ",".join(c.key.hex() for c in batch),
             "fingerprint": self.codec.fingerprint,
         }
-        with http.stream("GET", "/v1/cache/blocks", params=params) as r:
+        what = "GET /v1/cache/blocks"
+        timeout = self._timeout(deadline)
+        with http.stream("GET", "/v1/cache/blocks", params=params, timeout=timeout) as r:
             if r.status_code != 200:
-                r.read()
+                text = b"".join(_head(r, ERROR_BODY_MAX_BYTES, deadline))
                 raise httpx.HTTPStatusError(
-                    f"GET /v1/cache/blocks answered {r.status_code}: {r.text[:200]}",
+                    f"{what} answered {r.status_code}: {text.decode(errors='replace')[:200]}",
                     request=r.request,
                     response=r,
                 )
-            longest = max(c.size for c in batch)
-            yield from read_frames(r.iter_bytes(), self.codec.max_block_bytes(longest))
+            longest = self.codec.max_block_bytes(max(c.size for c in batch))
+            cap = sum(FRAME_HEADER_BYTES + self.codec.max_block_bytes(c.size) for c in batch)
+            frames = read_frames(_capped(r, cap, deadline, what), longest)
+            for _, data in zip(batch, frames):  # what was asked for, and no more
+                yield data
+
+
+def _abandoned(url: str, why: str) -> None:
+    log.warning("copying blocks from peer %s abandoned (the rest is prefilled): %s", url, why)
+
+
+def _past(deadline: float) -> str:
+    late = time.monotonic() - deadline
+    return f"the warm-up's deadline (--warm-from-deadline) passed {late:.1f}s ago"
+
+
+def _capped(r: httpx.Response, cap: int, deadline: float, what: str) -> Iterator[bytes]:
+    """`r`'s body as it comes; PeerLimit past `cap` bytes or past `deadline`."""
+    received = 0
+    for piece in r.iter_bytes():
+        received += len(piece)
+        if received > cap:
+            raise PeerLimit(f"{what} sent more than {cap} bytes")
+        if time.monotonic() > deadline:
+            raise PeerLimit(_past(deadline))
+        yield piece
+
+
+def _head(r: httpx.Response, limit: int, deadline: float) -> Iterator[bytes]:
+    """At most the first `limit` bytes of `r`'s body (the rest is never read)."""
+    received = 0
+    for piece in r.iter_bytes():
+        yield piece[: limit - received]
+        received += len(piece)
+        if received >= limit or time.monotonic() > deadline:
+            return

@@ -1,7 +1,8 @@
 """Before a warm prompt is prefilled: take what the disk and warm peers have.
 
 The prompt's blocks that are not cached yet are read, in chain order, from the
-snapshot store, then from each peer in turn; every verified block is inserted into the
+snapshot store, then from each peer in turn (all peers within one deadline, so a slow
+one cannot keep the prompt from being warmed); every verified block is inserted into the
 prefix cache as if it had just been prefilled. The warm-up request that follows finds
 them cached and computes only the rest (or nothing), then pins the chain as usual.
 Runs on its own small pool, so neither the engine nor the warm-up scheduler waits.
@@ -43,12 +44,14 @@ class BlockRestorer:
         snapshots: SnapshotStore | None,
         peers: PeerClient | None,
         default_peers: Sequence[str] = (),
+        peer_deadline_s: float = 120.0,
         workers: int = 2,
     ) -> None:
         self.engine = engine
         self.snapshots = snapshots
         self.peers = peers
         self.default_peers = list(default_peers)
+        self.peer_deadline_s = peer_deadline_s  # copying one prompt from every peer
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="warmfleet-restore")
         self.restored_blocks = 0
         self.restored_tokens = 0
@@ -87,10 +90,11 @@ class BlockRestorer:
                 index += 1
                 from_disk += 1
         sources = [*peers, *(p for p in self.default_peers if p not in peers)]
+        deadline = time.monotonic() + self.peer_deadline_s
         for url in sources:
-            if index >= len(chunks) or self.peers is None:
+            if index >= len(chunks) or self.peers is None or time.monotonic() >= deadline:
                 break
-            for position, payload in self.peers.fetch(url, prompt, chunks, index):
+            for position, payload in self.peers.fetch(url, prompt, chunks, index, deadline):
                 if position != index or not self._insert(chunks, index, payload):
                     break
                 index += 1

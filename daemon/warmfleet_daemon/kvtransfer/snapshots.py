@@ -6,13 +6,15 @@ The warm manager says which blocks it wants kept (every prompt of a pinned set) 
 which chains are warm now; the writer stores the warm blocks it has not stored yet and
 deletes files nobody wants. A file that does not decode (another fingerprint, a
 truncated write, a checksum mismatch) is ignored with one log line and deleted, and
-that prompt is prefilled as without snapshots.
+that prompt is prefilled as without snapshots. Only regular files are read (opened
+without blocking, checked with fstat): anything else under a block's name is a miss.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,12 @@ from pathlib import Path
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, BlockError
+from warmfleet_daemon.regular_files import (
+    UnusableFile,
+    check_regular,
+    descriptor_path,
+    open_regular,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,21 @@ class SnapshotStats:
     skipped_over_budget: int
 
 
+def check_directory(state_dir: str | Path) -> None:
+    """Raise OSError, saying why, unless the snapshot directory under `state_dir` can be
+    created and written: `warmfleet serve` stops at start rather than never get ready."""
+    directory = Path(state_dir) / SUBDIR
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(
+            f"{directory} is not a directory: it is where --state-dir keeps KV snapshots "
+            "(move it away, or pass --snapshot-disk-mb 0)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".probe-", dir=directory)  # "." files: unfinished
+    os.close(fd)
+    os.unlink(probe)
+
+
 class SnapshotStore:
     def __init__(self, state_dir: str | Path, codec: BlockCodec, budget_bytes: int) -> None:
         self.directory = Path(state_dir) / SUBDIR
@@ -50,17 +73,26 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._sizes: dict[BlockKey, int] = {}
+        self._written = self._restored = self._ignored = self._skipped = 0
         for path in self.directory.iterdir():
             if path.name.startswith("."):  # a write that never finished
                 path.unlink(missing_ok=True)
             elif path.suffix == SUFFIX:
                 try:
-                    self._sizes[bytes.fromhex(path.stem)] = path.stat().st_size
+                    key, info = bytes.fromhex(path.stem), path.stat()  # stat never blocks
                 except (ValueError, OSError):
                     continue
+                try:
+                    check_regular(path, info.st_mode)
+                except UnusableFile as exc:  # a FIFO would block the reader: never read it
+                    log.warning(
+                        "Ignoring KV snapshot %s (it will be prefilled): %s", path.name, exc
+                    )
+                    self._ignored += 1
+                    continue
+                self._sizes[key] = info.st_size
         self._pending: tuple[set[BlockKey], list[list[BlockKey]], Lookup] | None = None
         self._stopping = False
-        self._written = self._restored = self._ignored = self._skipped = 0
         self._thread = threading.Thread(target=self._run, name="warmfleet-snapshots", daemon=True)
         self._thread.start()
 
@@ -73,7 +105,14 @@ class SnapshotStore:
                 return None
         path = self._path(chunk.key)
         try:
-            payload = self.codec.from_file(str(path), chunk)
+            with open_regular(path, self.codec.max_block_bytes(chunk.size)) as fd:
+                payload = self.codec.from_file(descriptor_path(fd, path), chunk)
+        except OSError as exc:  # gone, not a regular file, too large
+            log.warning("Ignoring KV snapshot %s (it will be prefilled): %s", path.name, exc)
+            with self._lock:
+                self._ignored += 1
+                self._sizes.pop(chunk.key, None)
+            return None
         except BlockError as exc:
             log.warning("Ignoring KV snapshot %s (it will be prefilled): %s", path.name, exc)
             with self._lock:

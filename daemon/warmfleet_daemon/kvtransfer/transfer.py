@@ -29,6 +29,7 @@ class KVTransfer:
         snapshot_budget_bytes: int = 0,
         warm_from: Sequence[str] = (),
         peer_token: str | None = None,
+        peer_deadline_s: float = 120.0,
     ) -> None:
         """Call before the engine thread starts (it probes the model)."""
         self.engine = engine
@@ -41,7 +42,11 @@ class KVTransfer:
         )
         self.peers = PeerClient(self.codec, token=peer_token)
         self.restorer = BlockRestorer(
-            engine, snapshots=self.snapshots, peers=self.peers, default_peers=warm_from
+            engine,
+            snapshots=self.snapshots,
+            peers=self.peers,
+            default_peers=warm_from,
+            peer_deadline_s=peer_deadline_s,
         )
         log.info(
             "KV fingerprint %s; snapshots %s; warm from %s",

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 
 MEDIA_TYPE = "application/x-warmfleet-kv-blocks"
 _HEADER = struct.Struct(">Q")
+FRAME_HEADER_BYTES = _HEADER.size
 
 
 class FrameError(ValueError):

@@ -1,12 +1,16 @@
-"""--state-dir under bad conditions (in process, tiny model): an unreadable file, an
-unreadable set among good ones, a disk that refuses writes, names the routes refuse,
-fields warm-up does not use, and a file that would grow without bound. The daemon
-always starts, loses nothing it could read, and memory and disk always agree."""
+"""--state-dir under bad conditions (in process, tiny model): an unreadable file (or a
+FIFO in its place), an unreadable set among good ones, a disk that refuses writes,
+names the routes refuse, fields warm-up does not use, and a file that would grow
+without bound. The daemon always starts, loses nothing it could read, and memory and
+disk always agree."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
+import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +82,30 @@ def test_a_deeply_nested_state_file_is_moved_aside_and_the_daemon_serves(
     kept = aside(tmp_path, f"{FILE_NAME}.unreadable-*")
     assert len(kept) == 1 and kept[0].read_text() == "[" * 200_000
     assert client.put("/v1/warm-sets/ops/pager", json=spec()).status_code == 202
+
+
+@pytest.mark.timeout(60)  # reading a FIFO used to block until a writer came: forever
+def test_a_state_file_that_is_a_fifo_is_moved_aside_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    os.mkfifo(tmp_path / FILE_NAME)
+    with caplog.at_level(logging.ERROR):
+        assert StateStore(tmp_path).load() == {}
+    [kept] = aside(tmp_path, f"{FILE_NAME}.unreadable-*")
+    assert stat.S_ISFIFO(kept.stat().st_mode) and not (tmp_path / FILE_NAME).exists()
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "is a FIFO, not a regular file" in line
+
+
+def test_a_state_file_over_the_bound_is_moved_aside_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_state(tmp_path, [saved("ops", "pager", spec())])
+    size = (tmp_path / FILE_NAME).stat().st_size
+    with caplog.at_level(logging.ERROR):
+        assert StateStore(tmp_path, max_bytes=size - 1).load() == {}
+    assert len(aside(tmp_path, f"{FILE_NAME}.unreadable-*")) == 1
+    assert f"has {size} bytes, more than the {size - 1} read" in caplog.records[0].getMessage()
 
 
 def test_one_bad_set_does_not_drop_the_others(start: Any, tmp_path: Path) -> None:

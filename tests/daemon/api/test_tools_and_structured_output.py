@@ -296,3 +296,76 @@ def test_combinations_that_cannot_be_honoured_are_400s(client, extra, param) -> 
         c.chat.completions.create(model="scripted", messages=ASK, extra_body=extra)
     if param is not None:
         assert err.value.body["param"] == param
+
+
+# A node whose required child is a node: only infinite documents match it.
+ENDLESS = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"child": {"$ref": "#/$defs/node"}},
+            "required": ["child"],
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+# The same with the child optional (or a list): finite documents match it.
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+            "required": ["name", "children"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        ENDLESS,
+        {"type": "object", "properties": {"again": {"$ref": "#"}}, "required": ["again"]},
+        {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+        # Finite at the root, endless in a branch a document may enter:
+        {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/node"}], "$defs": ENDLESS["$defs"]},
+    ],
+)
+def test_a_schema_that_recurses_without_end_is_a_400(client, schema) -> None:
+    c = client('{"child": {"child": {}}}')
+    fmt = {"type": "json_schema", "json_schema": {"name": "endless", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="scripted", messages=ASK, response_format=fmt)
+    body = err.value.body
+    assert body["type"] == "invalid_request_error" and body["param"] == "response_format"
+    assert "recurse without end" in body["message"]
+    tool = {"type": "function", "function": {"name": "walk", "parameters": schema}}
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(
+            model="scripted", messages=ASK, tools=[tool], tool_choice="required"
+        )
+    assert err.value.body["param"] == "tools" and "recurse without end" in err.value.body["message"]
+    # With tool_choice "auto" no grammar is built: the schema only goes to the template.
+    r = c.chat.completions.create(model="scripted", messages=ASK, tools=[tool])
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_a_recursive_schema_with_an_end_is_enforced(client) -> None:
+    tree = '{"name": "root", "children": [{"name": "leaf", "children": []}]}'
+    fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}}
+    r = client(tree).chat.completions.create(model="scripted", messages=ASK, response_format=fmt)
+    assert r.choices[0].message.content == tree
+    # As tool parameters, its "$ref"s still mean the parameters' own root (pydantic's
+    # `$defs` layout), not the schema of the whole call it is wrapped in.
+    call = f'<tool_call>\n{{"name": "plant", "arguments": {tree}}}\n</tool_call>'
+    tool = {"type": "function", "function": {"name": "plant", "parameters": TREE}}
+    r = client(call).chat.completions.create(
+        model="scripted", messages=ASK, tools=[tool], tool_choice="required"
+    )
+    (made,) = r.choices[0].message.tool_calls
+    assert json.loads(made.function.arguments) == json.loads(tree)

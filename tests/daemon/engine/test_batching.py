@@ -108,3 +108,33 @@ def test_a_request_arriving_during_warm_up_does_not_pay_for_the_prefix_twice(
     events = run(engine, request(prefix, prefill_only=True), request(real, (300,)))
     assert engine.stats().prefill_tokens_total == len(real)
     assert events[1][-1].usage.cached_tokens == 300
+
+
+def test_one_request_holds_half_the_slots_and_its_choices_stay_what_they_are_alone(
+    tiny, make_engine
+) -> None:
+    from warmfleet_daemon.api.generation import copies
+    from warmfleet_daemon.engine.sampling import SamplingParams
+
+    rng = random.Random(8)
+    tokens = prompt(rng, 40)
+    for sampling in (greedy(24, ignore_eos=True), SamplingParams(24, 1.0, seed=7, ignore_eos=True)):
+        engine = make_engine(tiny, max_num_seqs=16)
+        choices = copies(request(tokens, sampling=sampling), 16)
+        events: list[list[Event]] = [[] for _ in choices]
+        for choice, sink in zip(choices, events):
+            engine.submit(choice, sink.append)
+        engine.step()
+        stats = engine.stats()
+        assert (stats.prefilling + stats.running, stats.waiting) == (8, 8)
+        other: list[Event] = []
+        engine.submit(request(prompt(rng, 20), sampling=greedy(1)), other.append)
+        while not (other and other[-1].finish_reason):
+            engine.step()
+        assert not any(e[-1].finish_reason for e in events if e)  # it did not wait for them
+        engine.run_until_idle()
+        # Each choice is what it would be alone: choice i of a seeded request as seed + i.
+        for i, got in enumerate(events):
+            alone = request(tokens, sampling=choices[i].sampling)
+            assert tokens_of(got) == tokens_of(run(make_engine(tiny), alone)[0]), i
+        assert len({tuple(tokens_of(e)) for e in events}) == (1 if sampling.greedy else 16)

@@ -1,13 +1,20 @@
 """Warm without prefill, from a peer: blocks copied over real HTTP (a stdlib server
 that replays the real route's bytes, so a test can cut it off mid-block). Copied
 blocks decode like scratch; a peer that disappears mid-transfer leaves the blocks
-verified so far and the rest is prefilled; a peer of another model gives nothing."""
+verified so far and the rest is prefilled; a peer of another model gives nothing; a peer
+that never finishes a response is abandoned at a byte cap or the warm-up's deadline."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import struct
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
 
 import pytest
 
@@ -83,4 +90,85 @@ def test_an_unreachable_peer_gives_nothing(tiny, make_engine, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         assert transfer.restorer.restore(prompts()[0]).from_peers == 0
     assert any(url in r.getMessage() for r in caplog.records)
+    transfer.stop()
+
+
+class HostilePeer:
+    """A peer that never finishes: an endless `/v1/cache/fingerprint`, a
+    `/v1/cache/blocks` trickled a byte at a time, or an endless error body there."""
+
+    OFFERED = 256 << 20  # what an endless body sends at most (so a failing test ends)
+
+    def __init__(self, transfer: KVTransfer, mode: str) -> None:
+        self.sent = 0
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):  # HTTP/1.0: a body ends when the socket does
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                fingerprint = urlparse(self.path).path == "/v1/cache/fingerprint"
+                if fingerprint and mode != "endless-fingerprint":
+                    body = json.dumps(transfer.status()).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(500 if mode == "endless-error-body" else 200)
+                self.end_headers()
+                piece, pause = (b"x", 0.05) if mode == "trickled-blocks" else (b"a" * 65536, 0.0)
+                if mode == "endless-fingerprint":
+                    self.wfile.write(b'{"fingerprint": "')
+                elif mode == "trickled-blocks":
+                    self.wfile.write(struct.pack(">Q", 1 << 20))  # a 1 MiB block, byte by byte
+                try:
+                    while peer.sent < HostilePeer.OFFERED:
+                        self.wfile.write(piece)
+                        self.wfile.flush()
+                        peer.sent += len(piece)
+                        time.sleep(pause)
+                except OSError:  # the client went away
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.timeout(60)  # a trickle used to keep the copy going for ever
+@pytest.mark.parametrize(
+    ("mode", "logged"),
+    [
+        (
+            "endless-fingerprint",
+            "abandoned (the rest is prefilled): GET /v1/cache/fingerprint sent more than "
+            "65536 bytes",
+        ),
+        ("trickled-blocks", "abandoned (the rest is prefilled): the warm-up's deadline"),
+        ("endless-error-body", "stopped: GET /v1/cache/blocks answered 500: aaaa"),
+    ],
+)
+def test_a_peer_that_never_finishes_is_abandoned_and_the_prompt_prefilled(
+    warm_peer, tiny, make_engine, caplog, mode, logged
+) -> None:
+    peer = HostilePeer(warm_peer, mode)
+    engine = make_engine(tiny, block_size=BLOCK)
+    transfer = KVTransfer(engine, warm_from=[peer.url], peer_deadline_s=2.0)
+    prefix, full = prompts()
+    with caplog.at_level(logging.WARNING):
+        restored = transfer.restorer.restore(prefix)
+    assert restored.from_peers == 0
+    lines = [r.getMessage() for r in caplog.records if peer.url in r.getMessage()]
+    assert len(lines) == 1 and logged in lines[0], lines
+    assert peer.sent < HostilePeer.OFFERED  # the daemon stopped reading
+    tokens, cached = answer(engine, full)
+    assert cached == 0
+    assert tokens == from_scratch(engine, full)
+    peer.close()
     transfer.stop()

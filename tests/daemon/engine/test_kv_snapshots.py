@@ -6,6 +6,7 @@ corrupt or truncated one is ignored with one log line and prefilled as without i
 from __future__ import annotations
 
 import logging
+import os
 import random
 from pathlib import Path
 
@@ -95,6 +96,35 @@ def test_a_corrupt_snapshot_is_ignored_and_the_rest_prefilled(
     assert not bad.exists()  # deleted: the next warm-up writes a good one
     tokens, cached = answer(engine, full)
     assert cached == chunks[1].end  # the restored blocks; the rest was prefilled
+    assert tokens == from_scratch(engine, full)
+    transfer.stop()
+
+
+@pytest.mark.timeout(60)  # today's failure mode is a hang (open blocks holding the GIL)
+@pytest.mark.parametrize("when", ["before-start", "after-start"])
+def test_a_fifo_in_place_of_a_snapshot_is_a_miss(tiny, make_engine, tmp_path, caplog, when):
+    warm_and_snapshot(make_engine(tiny, block_size=BLOCK), tmp_path)
+    prefix, full = prompts()
+    engine = make_engine(tiny, block_size=BLOCK)
+    chunks = engine.plan(prefix)
+    fifo = tmp_path / SUBDIR / f"{chunks[2].key.hex()}.safetensors"
+
+    def replace_with_a_fifo() -> None:
+        fifo.unlink()
+        os.mkfifo(fifo)  # nobody ever writes: opening it for reading would block
+
+    if when == "before-start":
+        replace_with_a_fifo()
+    with caplog.at_level(logging.WARNING):
+        transfer = KVTransfer(engine, state_dir=tmp_path, snapshot_budget_bytes=64 << 20)
+        if when == "after-start":
+            replace_with_a_fifo()
+        restored = transfer.restorer.restore(prefix)
+    assert restored.from_disk == 2  # the blocks before the FIFO
+    messages = [r.getMessage() for r in caplog.records if "Ignoring KV snapshot" in r.getMessage()]
+    assert len(messages) == 1 and "is a FIFO, not a regular file" in messages[0]
+    tokens, cached = answer(engine, full)
+    assert cached == chunks[1].end
     assert tokens == from_scratch(engine, full)
     transfer.stop()
 

@@ -1,6 +1,7 @@
-"""`warmfleet serve` refuses to start half-alive or open: a --state-dir that cannot be
-created, an empty --admin-token-file or WARMFLEET_ADMIN_TOKEN. It exits non-zero with
-the reason instead of serving 503s (or open admin routes) forever."""
+"""`warmfleet serve` refuses to start half-alive or open: a --state-dir (or its
+kv-blocks directory) that cannot be created, an empty --admin-token-file or
+WARMFLEET_ADMIN_TOKEN. It exits non-zero with the reason instead of serving 503s (or
+open admin routes) forever."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def test_a_state_dir_that_cannot_be_created(tmp_path: Path) -> None:
     done = serve("--state-dir", str(blocker / "state"))
     assert done.returncode == 2
     assert "state" in done.stderr and "Not a directory" in done.stderr
+
+
+def test_a_kv_blocks_path_that_is_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "kv-blocks").write_text("not a directory")  # where KV snapshots go
+    done = serve("--state-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert f"{tmp_path / 'kv-blocks'} is not a directory" in done.stderr
+    assert "--snapshot-disk-mb 0" in done.stderr
 
 
 def test_an_empty_admin_token_file(tmp_path: Path) -> None:
