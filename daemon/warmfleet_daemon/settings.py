@@ -6,10 +6,24 @@ import os
 import re
 import sys
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1 << 20
+
+ENGINE_PATH_ENV = "WARMFLEET_ENGINE_PATH"
+ENGINE_PATHS = ("auto", "metal")
+
+
+def engine_path() -> str:
+    """WARMFLEET_ENGINE_PATH: `auto` (the Mac code path on a Metal GPU, the CPU path
+    elsewhere) or `metal` (the Mac code path on any device, even the CPU: quantized and
+    half-precision weights kept, per-sequence mx.fast attention, 512-token blocks; the
+    tests run both paths on Linux with it)."""
+    value = os.environ.get(ENGINE_PATH_ENV, "").strip().lower() or "auto"
+    if value not in ENGINE_PATHS:
+        raise ValueError(f"{ENGINE_PATH_ENV}={value!r}: expected one of {', '.join(ENGINE_PATHS)}")
+    return value
 
 
 def default_cache_budget_mb() -> int:
@@ -95,6 +109,11 @@ class DaemonSettings(BaseSettings):
         description="time to copy one warm prompt's blocks from its peers; then the rest is "
         "prefilled",
     )
+
+    @model_validator(mode="after")
+    def _known_engine_path(self) -> DaemonSettings:
+        engine_path()  # the model loader reads it; a typo stops `serve` at start instead
+        return self
 
     @field_validator("warm_from")
     @classmethod

@@ -1,12 +1,20 @@
-"""Prompts and checks shared by the warm-without-prefill tests."""
+"""Prompts, checks and a peer shared by the warm-without-prefill tests."""
 
 from __future__ import annotations
 
+import json
 import random
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 from support.engine import request, run, tokens_of
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_daemon.api.routes_kv import _frames
 from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 
 VOCAB = (100, 49000)
 BLOCK = 16
@@ -33,3 +41,61 @@ def answer(engine: Engine, prompt: RenderedPrompt) -> tuple[list[int], int]:
     events = run(engine, request(prompt.tokens, prompt.cuts))[0]
     assert events[-1].usage is not None
     return tokens_of(events), events[-1].usage.cached_tokens
+
+
+def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -> KVTransfer:
+    transfer = KVTransfer(engine, state_dir=state_dir, snapshot_budget_bytes=budget)
+    prefix, _ = prompts()
+    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
+    keys = [c.key for c in engine.plan(prefix)]
+    transfer.sync_snapshots(keys, [keys])
+    assert transfer.snapshots is not None and transfer.snapshots.flush()
+    transfer.stop()
+    return transfer
+
+
+class Peer:
+    """GET /v1/cache/fingerprint and /v1/cache/blocks of `transfer`'s engine; with
+    `cut_after` blocks, the connection drops halfway through the next block."""
+
+    def __init__(self, transfer: KVTransfer, cut_after: int | None = None, **info: str) -> None:
+        self.transfer, self.cut_after, self.info = transfer, cut_after, info
+        self.requests: list[str] = []
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                peer.requests.append(url.path)
+                if url.path == "/v1/cache/fingerprint":
+                    body = json.dumps({**peer.transfer.status(), **peer.info}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                keys = [bytes.fromhex(k) for k in parse_qs(url.query)["keys"][0].split(",")]
+                frames = list(_frames(peer.transfer.engine.cache, peer.transfer.codec, keys))
+                self.send_response(200)
+                self.send_header("Content-Length", str(sum(len(f) for f in frames)))
+                self.end_headers()
+                if peer.cut_after is None:
+                    for f in frames:
+                        self.wfile.write(f)
+                    return
+                for f in frames[: peer.cut_after]:
+                    self.wfile.write(f)
+                self.wfile.write(frames[peer.cut_after][: len(frames[peer.cut_after]) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)  # the peer goes away
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

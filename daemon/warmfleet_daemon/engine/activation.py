@@ -3,8 +3,8 @@
 mlx's CPU `exp` (so `sigmoid` and `nn.silu`) runs at about 70M values/s here, and the
 SiLU of SwiGLU took a fifth of a 128-token prefill chunk of the embedded model;
 `power(2, x)` runs about 4x faster (the reason attention's softmax uses exp2 too).
-`install` rebinds the `swiglu` that mlx-lm's llama-family modules call; Metal keeps
-mlx-lm's own.
+`install` rebinds the `swiglu` that mlx-lm's modules call (in every module the
+model's layers come from); Metal keeps mlx-lm's own.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import activations
 
+from warmfleet_daemon.engine import attention
+
 _NEG_LOG2E = -math.log2(math.e)
-_NAME = "swiglu"  # what mlx-lm's llama-family modules call
+_NAME = "swiglu"  # what mlx-lm's modules call
+_MLX_LM_SWIGLU = activations.swiglu
 
 
 @partial(mx.compile, shapeless=True)
@@ -28,13 +31,16 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
 
 
 def install(model: nn.Module, *, cpu: bool) -> bool:
-    """On the CPU, point the model module's `swiglu` at the exp2 one. Idempotent;
-    False when the module does not use mlx-lm's swiglu."""
-    module = sys.modules[type(model).__module__]
-    current = getattr(module, _NAME, None)
-    if current is swiglu:
-        return True
-    if not cpu or current is not activations.swiglu:
-        return False
-    setattr(module, _NAME, swiglu)
-    return True
+    """On the CPU, point the `swiglu` of the model's modules at the exp2 one; elsewhere
+    back at mlx-lm's (another engine in this process may have swapped it). Idempotent;
+    True when the exp2 one is in use."""
+    installed = False
+    for layer in attention.layers(model):
+        module = sys.modules.get(type(layer).__module__)
+        if module is None or module is activations:  # where mlx-lm defines it: never
+            continue
+        current = getattr(module, _NAME, None)
+        if current is swiglu or current is _MLX_LM_SWIGLU:
+            setattr(module, _NAME, swiglu if cpu else _MLX_LM_SWIGLU)
+            installed = cpu
+    return installed

@@ -51,7 +51,7 @@ from warmfleet_daemon.engine.grammar import GrammarCompiler, GrammarError
 from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
 from warmfleet_daemon.engine.stops import StopStringFilter
-from warmfleet_daemon.models.loader import LoadedModel
+from warmfleet_daemon.models.loader import LoadedModel, model_family
 from warmfleet_daemon.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Event:
     """A piece of a response. The last one has `finish_reason` and `usage`."""
 
     text: str
-    token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()  # generated since the previous event (text or not)
     finish_reason: str | None = None  # stop | length | abort | error | prefilled
     usage: Usage | None = None
     timings: Timings | None = None
@@ -154,6 +154,7 @@ class _Sequence:
     skipped: int = 0  # prefill picks that went to others since it was admitted (its age)
     final_logits: mx.array | None = None  # (1, vocab) at the prompt's last token
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
+    pending_tokens: list[int] = field(default_factory=list)  # generated, no text of their own yet
     processing_error: str | None = None
 
     @property
@@ -164,6 +165,19 @@ class _Sequence:
     def remaining_prefill(self) -> int:
         done = self.chunks[self.next_chunk - 1].end if self.next_chunk else 0
         return (self.chunks[-1].end if self.chunks else 0) - done
+
+
+# The probe prompts' two chunks (tokens): different lengths, so a batch pads one of them.
+_PROBE_CHUNKS = ((3, 2), (4, 5))
+
+
+def _close(together: mx.array, alone: mx.array) -> bool:
+    """Batched logits equal to solo ones up to rounding: the batch's matmuls have other
+    shapes; a dropped mask or a misread cache moves logits far more than this."""
+    tolerance = 1e-3 if alone.dtype == mx.float32 else 5e-2
+    a, b = together.astype(mx.float32), alone.astype(mx.float32)
+    bound = tolerance * mx.maximum(mx.abs(b).max(), 1.0)
+    return bool((mx.abs(a - b).max() <= bound).item())
 
 
 def wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
@@ -193,28 +207,16 @@ class Engine:
         attention.install(self.model, cpu=not loaded.on_gpu)
         activation.install(self.model, cpu=not loaded.on_gpu)
         self._logits = head.Head(self.model, cpu=not loaded.on_gpu)
-        self._batched = attention.supports_sequence_batching(self.model)
+        self.family = model_family(self.model)
+        layout, why = attention.batch_layout(self.model)
+        self._latent = layout == "latent"
+        self._batched = layout is not None
         # On the CPU, decoding sequences share per-layer KV buffers and one attention call
         # per layer. Metal keeps per-sequence mx.fast attention (not yet measured there).
-        self._rows: decode_batch.DecodeBatch | None = (
-            decode_batch.DecodeBatch(config.max_num_seqs)
-            if self._batched and not loaded.on_gpu
-            else None
-        )
-        # The decode batch's step, by hand for llama-family models (decode_forward.py).
-        self._decode_forward = (
-            decode_forward.DecodeForward(self.model)
-            if self._rows is not None and self._logits.plain and decode_forward.supports(self.model)
-            else None
-        )
-        log.info(
-            "decode: %s",
-            "batched rows, hand-written llama-family step"
-            if self._decode_forward is not None
-            else "batched rows, mlx-lm forward"
-            if self._rows is not None
-            else "mlx-lm forward, attention per sequence",
-        )
+        self._rows: decode_batch.DecodeBatch | None = None
+        self._decode_forward: decode_forward.DecodeForward | None = None
+        self._probe_and_choose(why)
+        log.info("decode path for %s: %s", self.family, self.decode_path)
         self._inbox: deque[_Sequence] = deque()
         self._waiting: deque[_Sequence] = deque()
         self._prefilling: list[_Sequence] = []
@@ -309,6 +311,90 @@ class Engine:
             sizes.append(kv.extract_block(caches, 0, len(sizes) * 4 + 4).nbytes)
         per_token = (sizes[1] - sizes[0]) / 4
         return per_token, max(sizes[0] - 4 * per_token, 0.0)
+
+    def _probe_and_choose(self, layout: str) -> None:
+        """Run two short prompts as requests run (prefilled in two chunks, stored as blocks,
+        restored, decoded) before serving anything: an architecture that fails alone is
+        refused here, with its name, instead of failing every request; one that fails in
+        a batch (or decodes differently there) decodes one sequence per forward instead."""
+        gpu = self.loaded.on_gpu
+        blocks, steps, solo = self._probe_alone()
+        if self._batched:
+            if not gpu:
+                self._rows = decode_batch.DecodeBatch(self.config.max_num_seqs, latent=self._latent)
+                if self._logits.plain and decode_forward.supports(self.model):
+                    self._decode_forward = decode_forward.DecodeForward(self.model)
+            try:
+                together = self._probe_together(blocks, steps)
+                failure = None if _close(together, solo) else "its logits differ from one alone"
+            except Exception as exc:  # the layers use their caches in a way we cannot batch
+                failure = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            if failure is not None:
+                log.warning("%s: batched decode failed its check (%s)", self.family, failure)
+                self._batched, self._rows, self._decode_forward = False, None, None
+                layout = f"batched decode failed its check: {failure}"
+        latent = ", latent attention (MLA)" if self._latent and self._batched else ""
+        if self._decode_forward is not None:
+            self.decode_path = "batched rows, hand-written llama-family step"
+        elif self._rows is not None:
+            self.decode_path = f"batched rows, mlx-lm forward{latent}"
+        elif self._batched:
+            self.decode_path = f"mlx-lm forward, attention per sequence{latent}"
+        else:
+            self.decode_path = f"one mlx-lm forward per sequence ({layout})"
+
+    def _probe_alone(self) -> tuple[list[list[kv.BlockPayload]], mx.array, mx.array]:
+        """Each probe prompt's blocks, the tokens of its decode step, and the logits of
+        that step decoded alone from caches restored from the blocks; EngineError, naming
+        the architecture and the stage, when any of it fails."""
+        blocks, steps, logits = [], [], []
+        stage = "a prefill in two chunks"
+        try:
+            for i, (first, second) in enumerate(_PROBE_CHUNKS):
+                tokens = mx.array([[1 + (7 * i + 3 * j) % 50 for j in range(first + second)]])
+                size = tokens.size
+                stage = "a prefill in two chunks"
+                caches = make_prompt_cache(self.model)
+                self.model(tokens[:, :first], cache=caches)
+                last = self._logits(tokens[:, first:], caches)
+                mx.eval(last, kv.cache_arrays(caches))
+                stage = "storing its caches as prefix-cache blocks"
+                prompt = [kv.extract_block(caches, 0, first), kv.extract_block(caches, first, size)]
+                stage = "restoring its caches from stored blocks"
+                restored = kv.restore(prompt, make_prompt_cache(self.model), size)
+                stage = "a decode step"
+                step = mx.argmax(last, axis=-1)[:, None]
+                logits.append(self._logits(step, restored))
+                mx.eval(logits[-1])
+                blocks.append(prompt)
+                steps.append(step)
+        except Exception as exc:
+            raise EngineError(
+                f"model architecture {self.family!r} cannot be served by this engine: "
+                f"{stage} failed ({type(exc).__name__}: {exc})"
+            ) from exc
+        return blocks, mx.concatenate(steps), mx.concatenate(logits)
+
+    def _probe_together(self, blocks: list[list[kv.BlockPayload]], steps: mx.array) -> mx.array:
+        """The probe prompts' decode step taken together on the path chosen for batches."""
+        size = self.config.max_num_seqs
+        caches = [kv.restore(b, make_prompt_cache(self.model), 64) for b in blocks]
+        if self._rows is None:
+            layers = [
+                attention.SequenceBatch([c[i] for c in caches], latent=self._latent)
+                for i in range(len(caches[0]))
+            ]
+            logits = self._logits(steps, layers)
+        else:
+            rows = decode_batch.DecodeBatch(size, streams=1, latent=self._latent)
+            for c in caches:
+                rows.admit(c)
+            if self._decode_forward is not None:
+                logits = self._logits.project(self._decode_forward(steps[:, 0], rows.step_views()))
+            else:
+                logits = self._logits(steps, rows.step_views())
+        mx.eval(logits)
+        return logits
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -565,7 +651,10 @@ class Engine:
             logits = self._logits(inputs, seqs[0].caches)
         elif self._batched:
             layers = [
-                attention.SequenceBatch([s.caches[i] for s in seqs])  # type: ignore[index]
+                attention.SequenceBatch(
+                    [s.caches[i] for s in seqs],  # type: ignore[index]
+                    latent=self._latent,
+                )
                 for i in range(len(seqs[0].caches or []))
             ]
             logits = self._logits(inputs, layers)
@@ -661,8 +750,9 @@ class Engine:
             more, _ = seq.stops.feed(seq.detokenizer.last_segment)
             self._finish(seq, "length", text + more + seq.stops.flush(), token)
             return
+        seq.pending_tokens.append(token)
         if text:
-            seq.sink(Event(text, (token,), logprobs=self._take_logprobs(seq)))
+            seq.sink(Event(text, self._take_tokens(seq), logprobs=self._take_logprobs(seq)))
 
     def _leave_decoding(self, seq: _Sequence) -> None:
         row = self._decoding.index(seq)
@@ -673,6 +763,12 @@ class Engine:
         if moved is not None:  # the last row took its place: mirror that
             self._decoding[row] = self._decoding[moved]
         self._decoding.pop()
+
+    @staticmethod
+    def _take_tokens(seq: _Sequence, last: int | None = None) -> tuple[int, ...]:
+        taken = (*seq.pending_tokens, *([last] if last is not None else []))
+        seq.pending_tokens.clear()
+        return taken
 
     @staticmethod
     def _take_logprobs(seq: _Sequence) -> tuple[TokenLogprob, ...]:
@@ -699,7 +795,7 @@ class Engine:
         first = seq.first_token_at or now
         event = Event(
             text,
-            (token,) if token is not None else (),
+            self._take_tokens(seq, token),
             finish_reason=reason,
             usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens),
             timings=Timings(

@@ -11,6 +11,12 @@ blocks are then added in a fixed pairwise tree, so a row's arithmetic is the sam
 whether the batch pads it to 1 block or to 9 (masked keys add exact zeros). A response
 therefore does not depend on what it was batched with, which is what keeps a cached
 response token-identical to an uncached one on a busy server.
+
+Keys and values may differ in width (DeepSeek V2's 192-wide keys, 128-wide values).
+With `latent` (multi-head latent attention: the latent as keys, the rotary key part as
+values), a step hands the layer its keys and values as plain arrays over every row,
+padded to the step's key blocks, because the layer multiplies the values itself; the
+attention hook then reads the latents in blocks (`LayerView.blocks`).
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ class DecodeBatch:
     """Rows of per-layer KV buffers; row i belongs to the i-th admitted, still-running
     sequence (the caller mirrors `release`'s move of the last row)."""
 
-    def __init__(self, max_rows: int, streams: int | None = None) -> None:
+    def __init__(self, max_rows: int, streams: int | None = None, *, latent: bool = False) -> None:
         self.max_rows = max_rows
+        self.latent = latent
         self._stream_count = max(streams if streams is not None else min(os.cpu_count() or 1, 4), 1)
         self._streams: dict[int, list[mx.Stream]] = {}  # MLX streams belong to a thread
         self.lengths: list[int] = []  # tokens in each row's KV
@@ -75,8 +82,13 @@ class DecodeBatch:
             for cache in caches:
                 assert cache.keys is not None and cache.values is not None
                 _, heads, _, dim = cache.keys.shape
+                _, value_heads, _, value_dim = cache.values.shape
+                if value_heads != heads:  # one flat index serves keys and values
+                    raise NotImplementedError(f"{heads} key heads but {value_heads} value heads")
                 self._keys.append(mx.zeros((1, heads, KEY_BLOCK, dim), dtype=cache.keys.dtype))
-                self._values.append(mx.zeros((1, heads, KEY_BLOCK, dim), dtype=cache.values.dtype))
+                self._values.append(
+                    mx.zeros((1, heads, KEY_BLOCK, value_dim), dtype=cache.values.dtype)
+                )
         self._ensure(rows=row + 1, tokens=length + 1)
         for i, cache in enumerate(caches):
             assert cache.keys is not None and cache.values is not None
@@ -126,7 +138,10 @@ class DecodeBatch:
         slots = (mx.arange(rows)[:, None] * heads + mx.arange(heads)[None]) * capacity
         flat = (slots + positions[:, None]).reshape(-1)
         groups = [self._group(start, stop, stream) for start, stop, stream in self._split(rows)]
-        return [LayerView(self, i, flat, groups, positions) for i in range(len(self._keys))]
+        return [
+            LayerView(self, i, flat, groups, positions, latent=self.latent)
+            for i in range(len(self._keys))
+        ]
 
     def advance(self) -> None:
         """Every row gained the token its step wrote."""
@@ -163,6 +178,10 @@ class DecodeBatch:
             view = buf.reshape(-1, dim)
             view[flat] = new.reshape(-1, dim)  # in place: the buffer has no other reader
             buffers[layer] = view.reshape(buf.shape)
+
+    def _read_flat(self, layer: int, rows: int, width: int) -> tuple[mx.array, mx.array]:
+        keys, values = self._keys[layer], self._values[layer]
+        return keys[:rows, :, :width], values[:rows, :, :width]
 
     def _read(self, layer: int, group: RowGroup) -> tuple[mx.array, mx.array]:
         out = []
@@ -201,14 +220,26 @@ class LayerView:
         flat: mx.array,
         groups: list[RowGroup],
         offset: mx.array,
+        *,
+        latent: bool = False,
     ) -> None:
         self._batch = batch
         self._layer = layer
         self._flat = flat
         self.groups = groups
         self.offset = offset  # each row's position of the token being decoded (RoPE)
+        self.latent = latent
 
-    def update_and_fetch(
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
+        """What a model layer calls: `store_and_read`, or with `latent` every row's keys
+        and values as (rows, kv_heads, width, dim), width the step's key blocks."""
+        if not self.latent:
+            return self.store_and_read(keys, values)
+        self._batch._write(self._layer, self._flat, keys, values)
+        width = max(g.blocks for g in self.groups) * KEY_BLOCK
+        return self._batch._read_flat(self._layer, self.groups[-1].stop, width)
+
+    def store_and_read(
         self, keys: mx.array, values: mx.array
     ) -> tuple[list[mx.array], list[mx.array]]:
         """Store each row's new key/value; return each group's keys and values, shaped
@@ -216,6 +247,11 @@ class LayerView:
         self._batch._write(self._layer, self._flat, keys, values)
         reads = [self._batch._read(self._layer, g) for g in self.groups]
         return [k for k, _ in reads], [v for _, v in reads]
+
+    def blocks(self, group: RowGroup) -> tuple[mx.array, mx.array]:
+        """A row group's keys and values in blocks, (rows, kv_heads, blocks, KEY_BLOCK,
+        dim), as `update_and_fetch` returns them without `latent`."""
+        return self._batch._read(self._layer, group)
 
     def make_mask(self, *args: Any, **kwargs: Any) -> None:
         return None  # each group has its own (`RowGroup.mask`)

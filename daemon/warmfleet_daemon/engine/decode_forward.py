@@ -92,7 +92,7 @@ class _Layer:
         qk_width = (self.heads + self.kv_heads) * dim
         qk = qkv[:, :qk_width].reshape(rows, self.heads + self.kv_heads, dim) @ rotation
         queries = qk[:, : self.heads, None, :]
-        keys, values = view.update_and_fetch(
+        keys, values = view.store_and_read(
             qk[:, self.heads :, None, :],
             qkv[:, qk_width:].reshape(rows, self.kv_heads, 1, dim),
         )

@@ -38,6 +38,7 @@ class LayerLayout:
     kv_shape: tuple[int, int, int] | None  # (batch, kv heads, head dim) of a KVCache layer
     dtype: str | None
     itemsize: int = 0
+    value_dim: int = 0  # the values' width: MLA stores a latent and a narrower rotary part
 
 
 def probe_layout(model: Any) -> tuple[LayerLayout, ...]:
@@ -52,7 +53,11 @@ def probe_layout(model: Any) -> tuple[LayerLayout, ...]:
             b, h, _, d = layer.keys.shape
             out.append(
                 LayerLayout(
-                    type(cache).__name__, (b, h, d), str(layer.keys.dtype), layer.keys.itemsize
+                    type(cache).__name__,
+                    (b, h, d),
+                    str(layer.keys.dtype),
+                    layer.keys.itemsize,
+                    layer.values.shape[-1],
                 )
             )
         else:
@@ -67,7 +72,10 @@ class BlockCodec:
 
     def kv_bytes_per_token(self) -> int:
         return sum(
-            2 * layer.kv_shape[0] * layer.kv_shape[1] * layer.kv_shape[2] * layer.itemsize
+            layer.kv_shape[0]
+            * layer.kv_shape[1]
+            * (layer.kv_shape[2] + layer.value_dim)
+            * layer.itemsize
             for layer in self.layout
             if layer.kv_shape is not None
         )
@@ -153,8 +161,8 @@ class BlockCodec:
             if expected.kv_shape is not None:
                 keys, values = arrays.get(f"l{i}.keys"), arrays.get(f"l{i}.values")
                 b, h, d = expected.kv_shape
-                want = (b, h, chunk.size, d)
-                for a in (keys, values):
+                for a, width in ((keys, d), (values, expected.value_dim)):
+                    want = (b, h, chunk.size, width)
                     if a is None or tuple(a.shape) != want or str(a.dtype) != expected.dtype:
                         raise BlockError(f"layer {i}: KV is not {want} {expected.dtype}")
                 assert keys is not None and values is not None

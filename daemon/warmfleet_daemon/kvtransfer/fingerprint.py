@@ -33,6 +33,8 @@ def model_fingerprint(loaded: LoadedModel, block_size: int) -> str:
     part("version", str(VERSION))
     part("mlx", str(getattr(mx, "__version__", "?")))
     part("device", "gpu" if loaded.on_gpu else "cpu")
+    if loaded.on_gpu and mx.default_device() != mx.gpu:  # the Mac path forced on a CPU
+        part("runs on", str(mx.default_device()))
     part("block_size", str(block_size))
     args = getattr(loaded.model, "args", None)
     part("args", json.dumps(_plain(args), sort_keys=True, default=str))

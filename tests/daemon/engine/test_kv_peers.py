@@ -14,61 +14,13 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
 import pytest
 
 from support.engine import request, run
-from support.kv import BLOCK, answer, from_scratch, prompts
-from warmfleet_daemon.api.routes_kv import _frames
+from support.kv import BLOCK, Peer, answer, from_scratch, prompts
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
-
-
-class Peer:
-    """GET /v1/cache/fingerprint and /v1/cache/blocks of `transfer`'s engine; with
-    `cut_after` blocks, the connection drops halfway through the next block."""
-
-    def __init__(self, transfer: KVTransfer, cut_after: int | None = None, **info: str) -> None:
-        self.transfer, self.cut_after, self.info = transfer, cut_after, info
-        self.requests: list[str] = []
-        peer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                peer.requests.append(url.path)
-                if url.path == "/v1/cache/fingerprint":
-                    body = json.dumps({**peer.transfer.status(), **peer.info}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                keys = [bytes.fromhex(k) for k in parse_qs(url.query)["keys"][0].split(",")]
-                frames = list(_frames(peer.transfer.engine.cache, peer.transfer.codec, keys))
-                self.send_response(200)
-                self.send_header("Content-Length", str(sum(len(f) for f in frames)))
-                self.end_headers()
-                if peer.cut_after is None:
-                    for f in frames:
-                        self.wfile.write(f)
-                    return
-                for f in frames[: peer.cut_after]:
-                    self.wfile.write(f)
-                self.wfile.write(frames[peer.cut_after][: len(frames[peer.cut_after]) // 2])
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_RDWR)  # the peer goes away
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

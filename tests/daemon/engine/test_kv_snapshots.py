@@ -13,23 +13,11 @@ from pathlib import Path
 import pytest
 
 from support.engine import request, run
-from support.kv import BLOCK, VOCAB, answer, from_scratch, prompts
+from support.kv import BLOCK, VOCAB, answer, from_scratch, prompts, warm_and_snapshot
 from warmfleet_common.prompts import RenderedPrompt
-from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.snapshots import SUBDIR
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel
-
-
-def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -> KVTransfer:
-    transfer = KVTransfer(engine, state_dir=state_dir, snapshot_budget_bytes=budget)
-    prefix, _ = prompts()
-    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
-    keys = [c.key for c in engine.plan(prefix)]
-    transfer.sync_snapshots(keys, [keys])
-    assert transfer.snapshots is not None and transfer.snapshots.flush()
-    transfer.stop()
-    return transfer
 
 
 def files(state_dir: Path) -> list[Path]:
