@@ -113,7 +113,8 @@ def resolve(
     if size > MAX_SET_CHARS:
         raise InvalidSpec(
             "TooLarge",
-            f"the prompts hold {size} characters of messages and tool descriptions; "
+            f"the prompts hold {size} characters of message contents, system prompts and tool "
+            "descriptions; "
             f"a set may hold at most {MAX_SET_CHARS}",
         )
     body["source_hash"] = _hash(body | {"generation": None, "uid": None})
@@ -171,7 +172,9 @@ def _descriptions(tools: Iterable[Any]) -> int:
 
 
 def _chars(text: Any) -> int:
-    return len(text) if isinstance(text, str) else len(json.dumps(text or "", default=str))
+    if text is None:
+        return 0
+    return len(text) if isinstance(text, str) else len(json.dumps(text, default=str))
 
 
 def _dict(value: Any) -> Mapping[str, Any]:

@@ -295,7 +295,7 @@ class MessagesPrefix(_Strict):
     as a request is."""
 
     system: str | list[TextBlock] | None = None
-    messages: list[Message] = Field(default_factory=list, max_length=MAX_PREFIX_MESSAGES)
+    messages: list[Message] | None = Field(None, max_length=MAX_PREFIX_MESSAGES)
     tools: list[Tool] | None = Field(None, max_length=512)
     thinking: Thinking | None = None
 
@@ -412,8 +412,9 @@ def to_chat(
         breakpoints += [Breakpoint(0, b.cache_control.ttl) for b in blocks if b.cache_control]
     keep_thinking = _thinking_turns_kept(prompt, context)
     assistant_turn = 0
-    assistants = sum(m.role == "assistant" for m in prompt.messages)
-    for message in prompt.messages:
+    leading = prompt.messages or []
+    assistants = sum(m.role == "assistant" for m in leading)
+    for message in leading:
         if message.role == "assistant":
             assistant_turn += 1
             keep = keep_thinking is None or assistants - assistant_turn < keep_thinking

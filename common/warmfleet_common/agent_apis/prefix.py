@@ -83,7 +83,7 @@ def _responses(body: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if prompt.instructions:
         out["instructions"] = prompt.instructions
-    items = [] if isinstance(prompt.input, str) else prompt.input
+    items = [] if isinstance(prompt.input, str) else prompt.input or []
     leading = _before_first_user(items)
     if leading:
         out["input"] = [_responses_item(i) for i in leading]

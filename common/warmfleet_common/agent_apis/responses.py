@@ -190,9 +190,7 @@ class ResponsesPrefix(_Strict):
     Rendered by `to_chat`, exactly as a request is."""
 
     instructions: str | None = None
-    input: str | Annotated[list[InputItem], Field(max_length=MAX_PREFIX_ITEMS)] = Field(
-        default_factory=list
-    )
+    input: str | Annotated[list[InputItem], Field(max_length=MAX_PREFIX_ITEMS)] | None = None
     tools: list[Any] | None = Field(None, max_length=512)
     reasoning: Reasoning | None = None
 
@@ -307,7 +305,7 @@ def to_chat(prompt: ResponsesPrefix) -> ChatPrompt:
     items: list[Any] = (
         [MessageItem(role="user", content=prompt.input)]
         if isinstance(prompt.input, str)
-        else list(prompt.input)
+        else list(prompt.input or [])
     )
     system = [prompt.instructions] if prompt.instructions else []
     while items and isinstance(items[0], MessageItem) and items[0].role in ("system", "developer"):
