@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 import yaml
@@ -172,8 +173,10 @@ def test_the_openai_sdks_responses_and_chat_get_replies(tmp_path: Path, stream: 
     }
 
 
-def test_a_request_with_nothing_static_is_answered_and_not_captured(tmp_path: Path) -> None:
+def test_what_is_not_captured_is_answered_and_the_capture_goes_on(tmp_path: Path) -> None:
     with capturing(tmp_path, "--format", "yaml", out="agents.yaml") as run:
+        lost = httpx.post(f"{run.url}/v1/v1/messages", json={})  # a base URL ending in /v1
+        assert lost.status_code == 404 and "/v1/v1/messages" in lost.json()["error"]["message"]
         first = claude(run).messages.create(
             model="m", max_tokens=1, messages=[{"role": "user", "content": "quota"}]
         )

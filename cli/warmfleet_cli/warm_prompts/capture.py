@@ -97,7 +97,7 @@ class CaptureServer:
         self._done = False
         self._lock = asyncio.Lock()
         routes = [Route(path, self._handle, methods=["POST"]) for path in ROUTES]
-        self.app = Starlette(routes=routes)
+        self.app = Starlette(routes=[*routes, Route("/{path:path}", _elsewhere, methods=_ANY)])
         config = uvicorn.Config(
             self.app,
             log_level="warning",
@@ -190,6 +190,21 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _Refused(400, "the body is not a JSON object")
     return body
+
+
+_ANY = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+async def _elsewhere(request: Request) -> Response:
+    """Any other path: said in the terminal too (a base URL with one /v1 too many...)."""
+    log.warning(
+        "%s %s: not captured (this endpoint takes POST %s)",
+        request.method,
+        request.url.path,
+        ", ".join(ROUTES),
+    )
+    message = f"warmfleet capture: no route {request.method} {request.url.path}"
+    return JSONResponse({"error": {"message": message, "type": "not_found_error"}}, 404)
 
 
 def _reply(

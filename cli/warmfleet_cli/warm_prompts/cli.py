@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         write,
     )
     from warmfleet_common.contract import PROMPT_NAME
+    from warmfleet_common.logs import setup_logging
+
+    setup_logging("warning")  # what was not captured, and why
 
     def fail(message: str, code: int = 1) -> int:
         print(f"warmfleet warm-prompts capture: {message}", file=sys.stderr)
