@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -61,9 +62,9 @@ def capturing(out: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     deadline = time.monotonic() + 30
     while True:
         try:
-            httpx.get(f"{url}/", timeout=1)
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
-        except httpx.HTTPError:
+        except OSError:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
             time.sleep(0.05)
     try:
