@@ -1,6 +1,6 @@
 """`warmfleet`: the daemon (`serve`), model conversion (`convert`), benchmarks against any
-OpenAI-compatible server (`bench-serve`, `bench-compare`) and the prefix audit of a
-request log (`audit`)."""
+OpenAI-compatible server (`bench-serve`, `bench-compare`), the prefix audit of a
+request log (`audit`) and agents' warm prompts (`warm-prompts capture`)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,10 @@ COMMANDS: dict[str, Command] = {
     "up": Command(
         "warmfleet_cli.up",
         "the fleet on one machine: N daemons, the operator (local mode), the router",
+    ),
+    "warm-prompts": Command(
+        "warmfleet_cli.warm_prompts.cli",
+        "warm prompts from the agents themselves: `capture` records an agent's first request",
     ),
 }
 

@@ -2,7 +2,8 @@
 
 The operator imports this module, so it must never import mlx (an import-linter
 contract checks it). The chat message and tool shapes are OpenAI's, shared with the
-daemon's chat API so a warm prompt renders exactly like a request.
+daemon's chat API, and the agent APIs' prompt shapes are `warmfleet_common.agent_apis`',
+shared with their routes, so a warm prompt renders exactly like a request.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from warmfleet_common.agent_apis.anthropic import MessagesPrefix
+from warmfleet_common.agent_apis.chat import ChatOptions, ChatPrompt
+from warmfleet_common.agent_apis.responses import ResponsesPrefix
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -84,17 +89,36 @@ class ToolDefinition(BaseModel):
 
 
 class WarmPrompt(BaseModel):
-    """One prompt to keep warm: the conversation every request will start with."""
+    """One prompt to keep warm: the start every request of an agent shares, written in
+    the shape of the API the agent speaks, and rendered exactly as that API's route
+    renders a request:
+
+    - chat completions: `messages` (at least one) and `tools`, OpenAI's chat shape;
+    - `anthropic: {system, tools, messages, thinking}`: a Messages API request's prompt
+      fields (Claude Code), `messages` being the leading ones (often none);
+    - `responses: {instructions, input, tools, reasoning}`: a Responses API request's
+      (Codex), `input` being the leading items.
+
+    The agent shapes are nested under the API's name rather than set beside a `format`
+    discriminator: inside, every field is spelled as in that API's request, so a
+    captured or copied request body drops in unchanged; `messages` and `tools` mean
+    different things in each API, and a CRD's structural schema gives a field one
+    schema, so they cannot share a level; and in a WarmPromptSet the key says at a
+    glance which route the prompt warms."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=PROMPT_NAME)
-    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256)
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    anthropic: MessagesPrefix | None = None
+    responses: ResponsesPrefix | None = None
 
     @field_validator("messages")
     @classmethod
-    def _known_fields_only(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+    def _known_fields_only(cls, messages: list[ChatMessage] | None) -> list[ChatMessage] | None:
         # Fields warm-up does not render would be kept and saved unbounded: refuse them.
-        for i, message in enumerate(messages):
+        for i, message in enumerate(messages or []):
             if message.model_extra:
                 raise ValueError(
                     f"message {i} has fields a warm prompt does not use: "
@@ -102,8 +126,32 @@ class WarmPrompt(BaseModel):
                 )
         return messages
 
+    @model_validator(mode="after")
+    def _one_shape(self) -> WarmPrompt:
+        given = [k for k in ("messages", "anthropic", "responses") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of messages (chat completions), anthropic (the Messages "
+                f"API) and responses (the Responses API); got {', '.join(given) or 'none'}"
+            )
+        if self.tools is not None and self.messages is None:
+            raise ValueError(f"tools belong inside {given[0]} (in that API's tool shape)")
+        return self
+
+    @property
+    def api(self) -> Literal["chat", "anthropic", "responses"]:
+        return "anthropic" if self.anthropic else "responses" if self.responses else "chat"
+
+    def chat(self) -> tuple[ChatPrompt, ChatOptions]:
+        """The chat messages and tools the template renders, and the template switches:
+        what the route of this prompt's API makes of a request that starts with it."""
+        shape = self.anthropic or self.responses
+        if shape is not None:
+            return shape.chat(), shape.options()
+        return ChatPrompt(self.template_messages(), self.template_tools()), ChatOptions()
+
     def template_messages(self) -> list[dict[str, Any]]:
-        return [m.as_template_message() for m in self.messages]
+        return [m.as_template_message() for m in self.messages or []]
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None

@@ -205,6 +205,9 @@ class PromptBuilder:
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[Sequence[Message], Sequence[Mapping[str, Any]] | None]:
         messages = tool_history(messages, self.template_handles_tools)
+        # Keys sorted: a tool list read back from Kubernetes (a WarmPromptSet: the API
+        # server sorts object keys) renders exactly as the client's own order does.
+        tools = [_sorted_keys(t) for t in tools] if tools else tools
         if not tools or self.template_handles_tools:
             return messages, tools
         block = _TOOLS_PREAMBLE + "\n".join(json.dumps(t) for t in tools) + _TOOLS_POSTAMBLE
@@ -253,6 +256,14 @@ class PromptBuilder:
             if len(self._content_starts) > _MEMO_SIZE:
                 self._content_starts.popitem(last=False)
         return cut
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(v) for v in value]
+    return value
 
 
 def _cut_candidates(count: int) -> list[int]:

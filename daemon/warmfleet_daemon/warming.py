@@ -345,16 +345,26 @@ class WarmManager:
 
     def _render(self, prompt: WarmPrompt, param: str) -> _Rendered:
         limit = self.limits.max_message_chars
-        for j, message in enumerate(prompt.messages):
+        for j, message in enumerate(prompt.messages or []):
             if message.text_length() > limit:
                 raise WarmSetTooLarge(
                     f"prompt {prompt.name!r} message {j} has {message.text_length()} "
                     f"characters; the limit is {limit}",
                     f"{param}.messages.{j}",
                 )
+        chat, options = prompt.chat()  # as the route of the prompt's API renders it
+        for j, rendered_message in enumerate(chat.messages if prompt.messages is None else []):
+            size = len(rendered_message.get("content") or "")
+            if size > limit:
+                raise WarmSetTooLarge(
+                    f"prompt {prompt.name!r} ({prompt.api}) renders a "
+                    f"{rendered_message['role']} message of {size} characters (message {j}); "
+                    f"the limit is {limit}",
+                    f"{param}.{prompt.api}",
+                )
         try:
             rendered = self.prompts.shared_prefix(
-                prompt.template_messages(), prompt.template_tools()
+                chat.messages, chat.tools, chat.template_kwargs(options)
             )
         except PromptError as exc:
             raise WarmSetInvalid(f"prompt {prompt.name!r}: {exc}", param) from exc
@@ -573,7 +583,9 @@ def _hash(value: object) -> str:
 
 def read_warm_prompts_file(path: str, *, concurrency: int = 2) -> WarmSetSpec:
     """`--warm-prompts FILE`: vllm-mlx's format (a JSON list of message lists) or
-    warmfleet's (a list of `{name, messages, tools?}`), in JSON or YAML."""
+    warmfleet's (a list of `{name, messages, tools?}`, `{name, anthropic: {...}}` or
+    `{name, responses: {...}}`, as `warmfleet warm-prompts capture` writes), in JSON or
+    YAML."""
     import yaml
     from pydantic import ValidationError
 

@@ -66,11 +66,17 @@ def select_nodes(
 # -- the desired state ----------------------------------------------------------------
 
 
+# A prompt's ConfigMap references: the field naming the key -> the field its content
+# fills (a list of chat messages, or an agent API's prompt object).
+SOURCES = {"messagesFrom": "messages", "anthropicFrom": "anthropic", "responsesFrom": "responses"}
+
+
 def referenced_configmaps(spec: Mapping[str, Any]) -> set[str]:
     return {
-        p["messagesFrom"]["configMapKeyRef"]["name"]
+        p[source]["configMapKeyRef"]["name"]
         for p in spec.get("prompts") or []
-        if p.get("messagesFrom")
+        for source in SOURCES
+        if p.get(source)
     }
 
 
@@ -81,27 +87,20 @@ def resolve(
     configmaps: ConfigMaps,
     uid: str | None = None,
 ) -> WarmSetSpec:
-    """The push body for a WarmPromptSet spec, ConfigMap references resolved.
+    """The push body for a WarmPromptSet spec, ConfigMap references resolved; the
+    prompts' shapes (chat messages, `anthropic`, `responses`) pass through unchanged.
     Raises InvalidSpec (reason ConfigMapMissing, ConfigMapInvalid or InvalidSpec)."""
     prompts = []
     for prompt in spec.get("prompts") or []:
-        item = {k: v for k, v in prompt.items() if k != "messagesFrom"}
-        source = prompt.get("messagesFrom")
-        if source:
-            ref = source["configMapKeyRef"]
-            data = configmaps.get((namespace, ref["name"]))
-            if data is None:
-                raise InvalidSpec(
-                    "ConfigMapMissing",
-                    f"prompt {prompt.get('name')!r}: ConfigMap {namespace}/{ref['name']} not found",
+        item = {k: v for k, v in prompt.items() if k not in SOURCES}
+        for source, field in SOURCES.items():
+            if prompt.get(source):
+                text = _configmap_value(
+                    prompt[source]["configMapKeyRef"], prompt, namespace, configmaps
                 )
-            if ref["key"] not in data:
-                raise InvalidSpec(
-                    "ConfigMapMissing",
-                    f"prompt {prompt.get('name')!r}: ConfigMap {namespace}/{ref['name']} "
-                    f"has no key {ref['key']!r}",
+                item[field] = _parse(
+                    text, field, prompt.get("name"), prompt[source]["configMapKeyRef"]
                 )
-            item["messages"] = _parse_messages(data[ref["key"]], prompt.get("name"), ref)
         prompts.append(item)
     body = {
         "generation": generation,
@@ -114,7 +113,8 @@ def resolve(
     if size > MAX_SET_CHARS:
         raise InvalidSpec(
             "TooLarge",
-            f"the prompts hold {size} characters of messages and tool descriptions; "
+            f"the prompts hold {size} characters of message contents, system prompts and tool "
+            "descriptions; "
             f"a set may hold at most {MAX_SET_CHARS}",
         )
     body["source_hash"] = _hash(body | {"generation": None, "uid": None})
@@ -126,31 +126,82 @@ def resolve(
         raise InvalidSpec("InvalidSpec", f"{where}: {first['msg']}") from exc
 
 
+def _configmap_value(
+    ref: Mapping[str, str], prompt: Mapping[str, Any], namespace: str, configmaps: ConfigMaps
+) -> str:
+    data = configmaps.get((namespace, ref["name"]))
+    if data is None:
+        raise InvalidSpec(
+            "ConfigMapMissing",
+            f"prompt {prompt.get('name')!r}: ConfigMap {namespace}/{ref['name']} not found",
+        )
+    if ref["key"] not in data:
+        raise InvalidSpec(
+            "ConfigMapMissing",
+            f"prompt {prompt.get('name')!r}: ConfigMap {namespace}/{ref['name']} "
+            f"has no key {ref['key']!r}",
+        )
+    return data[ref["key"]]
+
+
 def _set_chars(prompts: Iterable[Mapping[str, Any]]) -> int:
-    """Characters the CRD's size rule counts: message contents and tool descriptions."""
+    """Characters the CRD's size rule counts: message contents, system prompts and tool
+    descriptions."""
     total = 0
     for prompt in prompts:
-        for message in prompt.get("messages") or []:
-            content = message.get("content") if isinstance(message, Mapping) else None
-            total += len(content) if isinstance(content, str) else len(json.dumps(content or ""))
-        for tool in prompt.get("tools") or []:
-            total += len(str((tool.get("function") or {}).get("description") or ""))
+        total += _contents(prompt.get("messages"))
+        total += _descriptions(t.get("function") for t in _dicts(prompt.get("tools")))
+        agent = _dict(prompt.get("anthropic"))
+        total += _chars(agent.get("system")) + _contents(agent.get("messages"))
+        total += _descriptions(_dicts(agent.get("tools")))
+        agent = _dict(prompt.get("responses"))
+        total += _chars(agent.get("instructions")) + _contents(agent.get("input"))
+        tools = _dicts(agent.get("tools"))
+        total += _descriptions(tools) + _descriptions(
+            u for t in tools for u in _dicts(t.get("tools"))
+        )
     return total
 
 
-def _parse_messages(text: str, prompt: str | None, ref: Mapping[str, str]) -> Any:
+def _contents(messages: Any) -> int:
+    return sum(_chars(m.get("content")) for m in _dicts(messages))
+
+
+def _descriptions(tools: Iterable[Any]) -> int:
+    return sum(len(str(_dict(t).get("description") or "")) for t in tools)
+
+
+def _chars(text: Any) -> int:
+    if text is None:
+        return 0
+    return len(text) if isinstance(text, str) else len(json.dumps(text, default=str))
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _dicts(values: Any) -> list[Mapping[str, Any]]:
+    return [v for v in values if isinstance(v, Mapping)] if isinstance(values, list) else []
+
+
+def _parse(text: str, field: str, prompt: str | None, ref: Mapping[str, str]) -> Any:
+    """A ConfigMap value: a list of messages (`messages`), or the API's prompt object
+    (`anthropic`, `responses`), in JSON or YAML."""
+    where = f"prompt {prompt!r}: {ref['name']}/{ref['key']}"
     try:
-        messages = yaml.safe_load(text)  # YAML is a superset of JSON
+        value = yaml.safe_load(text)  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
-        raise InvalidSpec(
-            "ConfigMapInvalid", f"prompt {prompt!r}: {ref['name']}/{ref['key']}: {exc}"
-        ) from exc
-    if not isinstance(messages, list):
+        raise InvalidSpec("ConfigMapInvalid", f"{where}: {exc}") from exc
+    if field == "messages" and not isinstance(value, list):
+        raise InvalidSpec("ConfigMapInvalid", f"{where} must hold a list of messages")
+    if field != "messages" and not isinstance(value, dict):
         raise InvalidSpec(
             "ConfigMapInvalid",
-            f"prompt {prompt!r}: {ref['name']}/{ref['key']} must hold a list of messages",
+            f"{where} must hold the {field} prompt object (what a warm-prompts entry "
+            f"has under `{field}:`), in JSON or YAML",
         )
-    return messages
+    return value
 
 
 # -- actions --------------------------------------------------------------------------

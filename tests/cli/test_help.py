@@ -28,6 +28,8 @@ COMMANDS = [
     ("operator",),
     ("router",),
     ("up",),
+    ("warm-prompts",),
+    ("warm-prompts", "capture"),
 ]
 
 
@@ -65,7 +67,14 @@ def _modules_loaded_by(argv: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["router", "--help"], ["operator", "--help"], ["bench-serve", "--help"]]
+    "argv",
+    [
+        ["--help"],
+        ["router", "--help"],
+        ["operator", "--help"],
+        ["bench-serve", "--help"],
+        ["warm-prompts", "capture", "--help"],
+    ],
 )
 def test_a_subcommand_loads_only_what_it_needs(argv: list[str]) -> None:
     loaded = _modules_loaded_by(argv)

@@ -28,7 +28,9 @@ import httpx
 import pytest
 import yaml
 
+from support.agents import claude_code, codex
 from support.processes import Daemon, start_daemon
+from warmfleet_common.agent_apis.prefix import warm_prompt
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +75,16 @@ def apply(*docs: dict[str, Any], server_side: bool = False) -> None:
     extra = ["--server-side", "--field-manager=e2e"] if server_side else []
     body = "\n---\n".join(json.dumps(d) for d in docs)
     kubectl("apply", *extra, "-f", "-", stdin=body)
+
+
+def refused(doc: dict[str, Any]) -> str:
+    """kubectl apply's error for a document the API server refuses."""
+    done = subprocess.run(
+        [kubectl_binary(), "apply", "-f", "-"],
+        input=json.dumps(doc), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    return done.stderr
 
 
 def get(kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
@@ -448,6 +460,57 @@ def test_a_150kb_spec_is_handled_and_deleted(fleet: Fleet, record_property: Reco
     kubectl("delete", "wps", "big", "-n", fleet.namespace, "--timeout=60s")
     for daemon in fleet.daemons.values():
         assert held(daemon, fleet.namespace, "big") is None
+
+
+def test_captured_agent_prompts_warm_what_the_agents_send(fleet: Fleet) -> None:
+    """Claude Code's captured prompt inline (`anthropic`), Codex's from a ConfigMap
+    (`responsesFrom`): the API server takes them (schema and CEL rules), the operator
+    passes them through, and the agents' next sessions find them cached."""
+    ns = fleet.namespace
+    claude = warm_prompt("anthropic", claude_code().body, "claude-code")
+    codex_prompt = warm_prompt("responses", codex().body, "codex")
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "codex-prompt", "namespace": ns},
+        "data": {
+            "responses.json": json.dumps(codex_prompt.model_dump(exclude_none=True)["responses"])
+        },
+    }
+    prompts = [
+        claude.model_dump(mode="json", exclude_none=True),
+        {
+            "name": "codex",
+            "responsesFrom": {"configMapKeyRef": {"name": "codex-prompt", "key": "responses.json"}},
+        },
+    ]
+    apply(config, wps(fleet, "coding", prompts), server_side=True)
+    ready(fleet, "coding", "2/2")
+    a = fleet.daemons["a"]
+    held_tokens = {p["name"]: p["tokens"] for p in held(a, ns, "coding")["prompts"]}  # type: ignore[index]
+
+    live = claude_code("Find the flaky test under ci/.", model="default")
+    r = httpx.post(
+        f"{a.url}{live.path}", json={**live.body, "stream": False, "max_tokens": 1},
+        headers=live.headers, timeout=120,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["cache_read_input_tokens"] == held_tokens["claude-code"]
+    live = codex("Find the flaky test under ci/.", model="default")
+    r = httpx.post(
+        f"{a.url}{live.path}", json={**live.body, "stream": False, "max_output_tokens": 1},
+        headers=live.headers, timeout=120,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens_details"]["cached_tokens"] == held_tokens["codex"]
+
+    # The API server's CEL rules: one shape per prompt; a namespace lists its tools.
+    both = {**prompts[0], "messages": [{"role": "system", "content": "x"}]}
+    assert "set exactly one of messages" in refused(wps(fleet, "bad", [both]))
+    bare = {"name": "n", "responses": {"tools": [{"type": "namespace", "name": "ns"}]}}
+    assert "a namespace tool lists its tools" in refused(wps(fleet, "bad", [bare]))
+    assert get("wps", "bad", ns) is None
+    kubectl("delete", "wps", "coding", "-n", ns, "--timeout=60s")
 
 
 def test_an_unreachable_node_degrades_the_set_and_its_status_holds_nothing_stale(

@@ -10,12 +10,21 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import kmock
 import pytest
 import yaml
 
+from support.agents import claude_code, codex
+from support.engine import model
 from support.kubeemu import RESOURCES, Emulator
+from warmfleet_cli.warm_prompts.files import warm_prompt_set
+from warmfleet_common.agent_apis.anthropic import MessagesRequest
+from warmfleet_common.agent_apis.prefix import warm_prompt
+from warmfleet_common.agent_apis.responses import ResponsesRequest
+from warmfleet_common.contract import WarmPrompt
+from warmfleet_common.prompts import PromptBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = sorted((ROOT / "crds").glob("*.yaml"))
@@ -84,11 +93,15 @@ def _jsonschema(kind: str) -> dict[str, Any]:
     return strip(schema(kind))  # type: ignore[no-any-return]
 
 
+SOURCES = ("messages", "messagesFrom", "anthropic", "anthropicFrom", "responses", "responsesFrom")
+
+
 def validate(doc: dict[str, Any]) -> None:
     jsonschema.validate(doc, _jsonschema(doc["kind"]))
-    if doc["kind"] == "WarmPromptSet":  # the CEL rule: exactly one source of messages
+    if doc["kind"] == "WarmPromptSet":  # the CEL rules: one source; tools with messages
         for p in doc["spec"]["prompts"]:
-            assert ("messages" in p) != ("messagesFrom" in p), p["name"]
+            assert sum(s in p for s in SOURCES) == 1, p["name"]
+            assert "tools" not in p or "messages" in p or "messagesFrom" in p, p["name"]
 
 
 def test_examples_are_valid() -> None:
@@ -114,8 +127,77 @@ def test_examples_are_valid() -> None:
     ],
 )
 def test_bad_specs_are_rejected_by_the_schema(change: Any, fragment: str) -> None:
-    doc = copy.deepcopy(next(d for d in examples() if d["kind"] == "WarmPromptSet"))
+    doc = copy.deepcopy(next(d for d in examples() if d["metadata"]["name"] == "agents"))
     change(doc)
+    with pytest.raises(jsonschema.ValidationError) as err:
+        jsonschema.validate(doc, _jsonschema("WarmPromptSet"))
+    assert fragment in str(err.value)
+
+
+def captured_set() -> dict[str, Any]:
+    """The WarmPromptSet `warmfleet warm-prompts capture` prints, for both agents."""
+
+    entries = [
+        warm_prompt(api, rec().body, name).model_dump(mode="json", exclude_none=True)
+        for api, rec, name in [
+            ("anthropic", claude_code, "claude-code"),
+            ("responses", codex, "codex"),
+        ]
+    ]
+    doc = warm_prompt_set(entries[0])
+    doc["spec"]["prompts"] = entries
+    return doc
+
+
+def test_a_captured_set_is_valid_and_the_emulator_keeps_every_field() -> None:
+    """Every field capture writes has a place in the schema: the API server's pruning
+    (the emulator's, by the same schema) leaves the prompts as they were."""
+    doc = captured_set()
+    validate(doc)
+
+    async def round_trip() -> dict[str, Any]:
+        async with Emulator() as emulator, kmock.Server(emulator):
+            emulator.resources.update(RESOURCES)
+            async with httpx.AsyncClient(base_url=str(emulator.url).rstrip("/")) as api:
+                path = "/apis/warmfleet.io/v1alpha1/namespaces/default/warmpromptsets"
+                r = await api.post(path, json=doc)
+                assert r.status_code in (200, 201), r.text
+                return dict((await api.get(f"{path}/claude-code")).json())
+
+    stored = asyncio.run(round_trip())
+    assert stored["spec"]["prompts"] == doc["spec"]["prompts"]
+    # ... though with its keys sorted, as kube-apiserver returns them, tools' schemas
+    # included: rendered, they are still the first tokens of the agents' requests.
+    tools = stored["spec"]["prompts"][0]["anthropic"]["tools"]
+    assert list(tools[0]["input_schema"]) == sorted(tools[0]["input_schema"])
+    builder = PromptBuilder(model("tiny-random").tokenizer)
+    for entry, live in [
+        (stored["spec"]["prompts"][0], MessagesRequest.model_validate(claude_code("Hi").body)),
+        (stored["spec"]["prompts"][1], ResponsesRequest.model_validate(codex("Hi").body)),
+    ]:
+        chat, options = WarmPrompt.model_validate(entry).chat()
+        warm = builder.shared_prefix(chat.messages, chat.tools, chat.template_kwargs(options))
+        want = live.chat()
+        tokens = builder.chat(
+            want.messages, want.tools, template_kwargs=want.template_kwargs(live.options())
+        ).tokens
+        assert tokens[: len(warm.tokens)] == warm.tokens, entry["name"]
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda p: p[0]["anthropic"].update(system=[{"type": "text", "text": "x"}]), "string"),
+        (lambda p: p[0]["anthropic"]["tools"][0].pop("input_schema"), "input_schema"),
+        (lambda p: p[0]["anthropic"].update(thinking={"type": "sometimes"}), "sometimes"),
+        (lambda p: p[1]["responses"]["input"][0].update(role="wizard"), "wizard"),
+        (lambda p: p[1]["responses"]["tools"][0].update(type="web_search"), "web_search"),
+        (lambda p: p[1]["responses"].update(reasoning={"effort": "extreme"}), "extreme"),
+    ],
+)
+def test_bad_agent_prompts_are_rejected_by_the_schema(change: Any, fragment: str) -> None:
+    doc = captured_set()
+    change(doc["spec"]["prompts"])
     with pytest.raises(jsonschema.ValidationError) as err:
         jsonschema.validate(doc, _jsonschema("WarmPromptSet"))
     assert fragment in str(err.value)
@@ -184,7 +266,7 @@ async def test_kubectl_applies_the_crds_and_examples_client_side(tmp_path: Path)
 @needs_kubectl
 @pytest.mark.asyncio
 async def test_printer_columns_evaluate_with_kubectl_jsonpath(tmp_path: Path) -> None:
-    wps = next(d for d in examples() if d["kind"] == "WarmPromptSet")
+    wps = next(d for d in examples() if d["metadata"]["name"] == "agents")
     wps = {
         **wps,
         "status": {

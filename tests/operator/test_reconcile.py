@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 
 from warmfleet_common.contract import PromptState, WarmPromptStatus, WarmSetSpec, WarmSetStatus
 from warmfleet_common.crd import Node, SetKey
@@ -426,3 +429,100 @@ def test_the_log_line_says_where_a_push_failed() -> None:
     desired = resolve(SPEC, "ns", 1, {})
     line = describe(SetKey("ns", "s"), [Push(node, desired)], [], {"d1": "422 too long"})
     assert "pushed to" not in line and "push failed on d1 (422 too long)" in line
+
+
+# -- warm prompts in the agent APIs' shapes ------------------------------------------------
+
+
+def test_agent_shapes_pass_through_unchanged_inline_and_from_configmaps() -> None:
+    """`anthropic` and `responses` prompts reach the daemon as written (the push body
+    equals what `warmfleet warm-prompts capture` wrote); `anthropicFrom` and
+    `responsesFrom` read the same object from a ConfigMap key, which may use content
+    blocks and any input items (a structural schema takes strings only)."""
+    from support.agents import claude_code, codex
+    from warmfleet_common.agent_apis.anthropic import MessagesPrefix
+    from warmfleet_common.agent_apis.prefix import warm_prompt
+
+    claude = warm_prompt("anthropic", claude_code().body, "claude-code")
+    codex_prompt = warm_prompt("responses", codex().body, "codex")
+    entries = [p.model_dump(mode="json", exclude_none=True) for p in (claude, codex_prompt)]
+    inline = resolve({"prompts": entries}, "ns", 1, {})
+    assert inline.prompts == [claude, codex_prompt]
+
+    blocks = {
+        "system": [{"type": "text", "text": "You review Go code."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Example: review x := 1"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "lint", "input": {}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]},
+        ],
+        "tools": [{"name": "lint", "input_schema": {"type": "object"}}],
+    }
+    spec = {
+        "prompts": [
+            {"name": "a", "anthropicFrom": {"configMapKeyRef": {"name": "agents", "key": "a"}}},
+            {"name": "r", "responsesFrom": {"configMapKeyRef": {"name": "agents", "key": "r"}}},
+        ]
+    }
+    maps = {
+        ("ns", "agents"): {
+            "a": json.dumps(blocks),
+            "r": yaml.safe_dump(entries[1]["responses"]),  # YAML works too
+        }
+    }
+    resolved = resolve(spec, "ns", 1, maps)
+    assert resolved.prompts[0].anthropic == MessagesPrefix.model_validate(blocks)
+    assert resolved.prompts[1].responses == codex_prompt.responses
+    assert referenced_configmaps(spec) == {"agents"}
+    changed = {("ns", "agents"): {**maps[("ns", "agents")], "a": json.dumps({"system": "new"})}}
+    assert resolve(spec, "ns", 1, changed).source_hash != resolved.source_hash
+
+
+@pytest.mark.parametrize(
+    ("value", "reason", "words"),
+    [
+        ("[{role: system, content: x}]", "ConfigMapInvalid", "must hold the anthropic prompt"),
+        ("{system: [unclosed", "ConfigMapInvalid", "agents/k"),
+        ("{system: x, max_tokens: 10}", "InvalidSpec", "max_tokens"),
+        ("{}", "InvalidSpec", "at least one of system"),
+    ],
+)
+def test_an_unusable_agent_prompt_from_a_configmap_is_explained(
+    value: str, reason: str, words: str
+) -> None:
+    spec = {
+        "prompts": [
+            {"name": "a", "anthropicFrom": {"configMapKeyRef": {"name": "agents", "key": "k"}}}
+        ]
+    }
+    with pytest.raises(InvalidSpec) as caught:
+        resolve(spec, "ns", 1, {("ns", "agents"): {"k": value}})
+    assert caught.value.reason == reason and words in caught.value.message
+
+
+def test_agent_prompts_count_toward_the_size_limit() -> None:
+    """As the CRD's rule counts them: system prompts, instructions, contents, the tool
+    descriptions (a namespace's too)."""
+    big = "x" * 200_000
+    prompts = [
+        {"name": "a", "anthropic": {"system": big, "messages": [{"role": "user", "content": big}]}},
+        {
+            "name": "r",
+            "responses": {
+                "instructions": "x",
+                "tools": [
+                    {
+                        "type": "namespace",
+                        "name": "ns",
+                        "tools": [{"type": "function", "name": "f", "description": big}],
+                    }
+                ],
+            },
+        },
+    ]
+    with pytest.raises(InvalidSpec) as caught:
+        resolve({"prompts": prompts}, "ns", 1, {})
+    assert caught.value.reason == "TooLarge" and "600001" in caught.value.message

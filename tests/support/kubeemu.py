@@ -64,9 +64,9 @@ class Emulator(kmock.KubernetesEmulator):
     JSON-patch test; and the core group's discovery document the way kubectl expects it.
 
     Custom resources go through their CRD's structural schema as on a real server:
-    unknown fields and nulls pruned, defaults applied, the schema validated (422), the
-    status subresource (writes to the object ignore status, writes to /status change
-    only status), annotations over 256 KiB refused (422) and objects over etcd's
+    unknown fields and nulls pruned, defaults applied, keys sorted, the schema validated
+    (422), the status subresource (writes to the object ignore status, writes to /status
+    change only status), annotations over 256 KiB refused (422) and objects over etcd's
     1.5 MiB refused (413). (kmock itself keeps an object with finalizers until they
     are removed: a delete only sets deletionTimestamp.) CEL rules are not evaluated.
 
@@ -364,7 +364,9 @@ _DROP = object()
 def _structural(value: Any, schema: dict[str, Any]) -> Any:
     """Pruning and defaulting as kube-apiserver does with a structural schema: fields
     the schema does not name are dropped (unless x-kubernetes-preserve-unknown-fields),
-    so are nulls (unless nullable); missing fields with a default get it."""
+    so are nulls (unless nullable); missing fields with a default get it; and object
+    keys come back sorted (the server holds custom objects as Go maps, which encoding/json
+    writes in key order)."""
     if value is None:
         return None if schema.get("nullable") else _DROP
     if isinstance(value, dict) and (schema.get("type") == "object" or "properties" in schema):
@@ -380,7 +382,7 @@ def _structural(value: Any, schema: dict[str, Any]) -> Any:
             elif isinstance(extra, dict):
                 sub = extra
             elif keep_unknown:
-                out[key] = item
+                out[key] = _sorted_keys(item)
                 continue
             else:
                 continue
@@ -390,11 +392,19 @@ def _structural(value: Any, schema: dict[str, Any]) -> Any:
         for key, sub in (props or {}).items():
             if key not in out and "default" in sub:
                 out[key] = copy.deepcopy(sub["default"])
-        return out
+        return {key: out[key] for key in sorted(out)}
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [
             shaped for item in value if (shaped := _structural(item, schema["items"])) is not _DROP
         ]
+    return value
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(v) for v in value]
     return value
 
 

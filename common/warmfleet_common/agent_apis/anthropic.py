@@ -11,7 +11,12 @@ assistant message's `tool_calls`; each `tool_result` becomes a `tool` message (a
 error result says so first); `thinking` blocks passed back become the assistant
 message's `reasoning_content` (what thinking templates render); `redacted_thinking`
 blocks are opaque and dropped; `system`-role messages inside `messages` stay where
-they are.
+they are. Claude Code's `x-anthropic-billing-header:` system block is left out: it is
+attribution for Anthropic's billing, not instructions, and its `cc_version` carries a
+fingerprint of the session's first user message, so leaving it in would make every
+session's prompt differ from its first token (no warm prefix could match it). Tools
+with `defer_loading: true` are left out too, as Anthropic's API does until a tool search
+loads them (this server runs no tool search).
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from warmfleet_common.agent_apis.chat import (
 
 Ttl = Literal["5m", "1h"]
 _TEXT_ONLY_BLOCKS = {"image", "document", "search_result", "container_upload"}
-_BLOCK_SEPARATOR = "\n\n"
+BLOCK_SEPARATOR = "\n\n"
 MAX_STOP_SEQUENCES = 16
+BILLING_HEADER = "x-anthropic-billing-header:"
+MAX_PREFIX_MESSAGES = 64  # a warm prompt's leading messages
 
 
 class _Strict(BaseModel):
@@ -83,7 +90,7 @@ class ToolResultBlock(_Strict):
     def text(self) -> str:
         content = self.content or ""
         text = (
-            content if isinstance(content, str) else _BLOCK_SEPARATOR.join(b.text for b in content)
+            content if isinstance(content, str) else BLOCK_SEPARATOR.join(b.text for b in content)
         )
         return f"Error: {text}" if self.is_error else text
 
@@ -108,9 +115,18 @@ ContentBlock = Annotated[
 _KNOWN_BLOCKS = {"text", "tool_use", "tool_result", "thinking", "redacted_thinking"}
 
 
+class TurnOutputConfig(_Strict):
+    """`output_config` on a message (Claude Code's per-turn control beta)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
+        None, description="no effect: the served model has no effort control"
+    )
+
+
 class Message(_Strict):
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
+    output_config: TurnOutputConfig | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -156,6 +172,9 @@ class Tool(_Strict):
     )
     eager_input_streaming: bool | None = Field(
         None, description="no effect: a call's input is streamed whole, once parsed"
+    )
+    defer_loading: bool | None = Field(
+        None, description="true: left out of the prompt (this server runs no tool search)"
     )
 
     @model_validator(mode="before")
@@ -263,19 +282,45 @@ class ContextManagement(_Strict):
         return value
 
 
-class MessagesPrompt(_Strict):
-    """The part of a request that becomes the prompt: also how a warm prompt is written
-    in this API's shape (its leading `messages`)."""
+def thinking_switch(thinking: Thinking | None) -> bool | None:
+    """The template's thinking switch a `thinking` field sets (None: the default)."""
+    return None if thinking is None else not isinstance(thinking, ThinkingDisabled)
+
+
+class MessagesPrefix(_Strict):
+    """The part of a request that becomes the prompt, up to where requests differ: how
+    a warm prompt is written in this API's shape. `messages` are the leading ones every
+    request starts with (often none: the first user message carries the user's words);
+    `thinking`, because it switches the chat template. Rendered by `to_chat`, exactly
+    as a request is."""
 
     system: str | list[TextBlock] | None = None
-    messages: list[Message] = Field(min_length=1, max_length=100_000)
+    messages: list[Message] | None = Field(None, max_length=MAX_PREFIX_MESSAGES)
     tools: list[Tool] | None = Field(None, max_length=512)
+    thinking: Thinking | None = None
+
+    @model_validator(mode="after")
+    def _something_to_render(self) -> MessagesPrefix:
+        if not (self.system or self.messages or self.tools):
+            raise ValueError("give at least one of system, messages and tools")
+        return self
+
+    def options(self) -> ChatOptions:
+        return ChatOptions(thinking=thinking_switch(self.thinking))
+
+    def chat(self) -> ChatPrompt:
+        return to_chat(self)
+
+
+class MessagesPrompt(MessagesPrefix):
+    """The part of a request that becomes the prompt."""
+
+    messages: list[Message] = Field(min_length=1, max_length=100_000)
 
 
 class _PromptOptions(MessagesPrompt):
     model: str = Field(min_length=1, max_length=256)
     tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     context_management: ContextManagement | None = None
     cache_control: CacheControl | None = Field(
@@ -315,7 +360,7 @@ class _PromptOptions(MessagesPrompt):
             tool_choice=openai_choice,
             parallel_tool_calls=parallel,
             json_schema=schema.schema_ if schema is not None else None,
-            thinking=None if thinking is None else not isinstance(thinking, ThinkingDisabled),
+            thinking=thinking_switch(thinking),
             thinking_shown=getattr(thinking, "display", None) != "omitted",
         )
 
@@ -354,24 +399,22 @@ class MessagesRequest(_PromptOptions):
 
 
 def to_chat(
-    prompt: MessagesPrompt,
+    prompt: MessagesPrefix,
     context: ContextManagement | None = None,
     automatic: CacheControl | None = None,
 ) -> ChatPrompt:
     """The chat messages, tools and cache breakpoints of an Anthropic prompt."""
     messages: list[dict[str, Any]] = []
     breakpoints: list[Breakpoint] = []
-    system = prompt.system
-    if system:
-        blocks = [TextBlock(type="text", text=system)] if isinstance(system, str) else system
-        messages.append(
-            {"role": "system", "content": _BLOCK_SEPARATOR.join(b.text for b in blocks)}
-        )
+    blocks = system_blocks(prompt.system)
+    if blocks:
+        messages.append({"role": "system", "content": BLOCK_SEPARATOR.join(b.text for b in blocks)})
         breakpoints += [Breakpoint(0, b.cache_control.ttl) for b in blocks if b.cache_control]
     keep_thinking = _thinking_turns_kept(prompt, context)
     assistant_turn = 0
-    assistants = sum(m.role == "assistant" for m in prompt.messages)
-    for message in prompt.messages:
+    leading = prompt.messages or []
+    assistants = sum(m.role == "assistant" for m in leading)
+    for message in leading:
         if message.role == "assistant":
             assistant_turn += 1
             keep = keep_thinking is None or assistants - assistant_turn < keep_thinking
@@ -384,17 +427,31 @@ def to_chat(
                 messages.append(chat_message)
                 breakpoints += [Breakpoint(len(messages) - 1, ttl) for ttl in marks]
     tools = None
-    if prompt.tools:
-        tools = [function_tool(t.name, t.description, t.input_schema) for t in prompt.tools]
-        breakpoints += [
-            Breakpoint(TOOLS, t.cache_control.ttl) for t in prompt.tools if t.cache_control
-        ]
+    listed = [t for t in prompt.tools or [] if not t.defer_loading]
+    if listed:
+        tools = [function_tool(t.name, t.description, t.input_schema) for t in listed]
+        breakpoints += [Breakpoint(TOOLS, t.cache_control.ttl) for t in listed if t.cache_control]
     if automatic is not None and messages:
         breakpoints.append(Breakpoint(len(messages) - 1, automatic.ttl))
     return ChatPrompt(messages, tools, tuple(breakpoints))
 
 
-def _thinking_turns_kept(prompt: MessagesPrompt, context: ContextManagement | None) -> int | None:
+def system_blocks(system: str | list[TextBlock] | None) -> list[TextBlock]:
+    """The system prompt's blocks as rendered: Claude Code's billing header left out."""
+    if not system:
+        return []
+    if isinstance(system, str):
+        return [TextBlock(type="text", text=system)]
+    return [b for b in system if not is_billing_header(b.text)]
+
+
+def is_billing_header(text: str) -> bool:
+    """Claude Code's one-line attribution block (`x-anthropic-billing-header: cc_version=
+    2.1.332.0b8; cc_entrypoint=sdk-cli;`), whose fingerprint changes every session."""
+    return text.startswith(BILLING_HEADER) and "\n" not in text.strip()
+
+
+def _thinking_turns_kept(prompt: MessagesPrefix, context: ContextManagement | None) -> int | None:
     kept = None
     for edit in context.edits if context else []:
         if isinstance(edit.keep, ClearThinkingKeep):
@@ -420,9 +477,9 @@ def _assistant(message: Message, keep_thinking: bool) -> dict[str, Any]:
                     },
                 }
             )
-    out: dict[str, Any] = {"role": "assistant", "content": _BLOCK_SEPARATOR.join(texts)}
+    out: dict[str, Any] = {"role": "assistant", "content": BLOCK_SEPARATOR.join(texts)}
     if thinking and keep_thinking:
-        out["reasoning_content"] = _BLOCK_SEPARATOR.join(thinking)
+        out["reasoning_content"] = BLOCK_SEPARATOR.join(thinking)
     if calls:
         out["tool_calls"] = calls
     return out
@@ -438,7 +495,7 @@ def _user_or_system(message: Message) -> list[tuple[dict[str, Any], list[Ttl]]]:
     def flush() -> None:
         if texts:
             out.append(
-                ({"role": message.role, "content": _BLOCK_SEPARATOR.join(texts)}, list(marks))
+                ({"role": message.role, "content": BLOCK_SEPARATOR.join(texts)}, list(marks))
             )
             texts.clear()
             marks.clear()

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from warmfleet_common.agent_apis.chat import ChatOptions, ChatPrompt, function_tool, text_only
 
+MAX_PREFIX_ITEMS = 64  # a warm prompt's leading input items
 HOSTED_TOOLS = {
     "web_search",
     "web_search_preview",
@@ -175,13 +176,29 @@ class TextConfig(_Strict):
     )
 
 
-class ResponsesPrompt(_Strict):
-    """The part of a request that becomes the prompt: also how a warm prompt is written
-    in this API's shape (its leading `input`)."""
+def thinking_switch(reasoning: Reasoning | None) -> bool | None:
+    """The template's thinking switch `reasoning.effort` sets (None: the default)."""
+    effort = reasoning.effort if reasoning else None
+    return None if effort is None else effort != "none"
+
+
+class ResponsesPrefix(_Strict):
+    """The part of a request that becomes the prompt, up to where requests differ: how
+    a warm prompt is written in this API's shape. `input` holds the leading items every
+    request starts with (Codex's `developer` messages; often no more, since the user's
+    words come next); `reasoning`, because its effort switches the chat template.
+    Rendered by `to_chat`, exactly as a request is."""
 
     instructions: str | None = None
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Field(max_length=MAX_PREFIX_ITEMS)] | None = None
     tools: list[Any] | None = Field(None, max_length=512)
+    reasoning: Reasoning | None = None
+
+    @model_validator(mode="after")
+    def _something_to_render(self) -> ResponsesPrefix:
+        if not (self.instructions or self.input or self.tools):
+            raise ValueError("give at least one of instructions, input and tools")
+        return self
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -215,8 +232,17 @@ class ResponsesPrompt(_Strict):
     def hosted_tools(self) -> list[str]:
         return [t.type for t in self.tools or [] if isinstance(t, HostedTool)]
 
+    def options(self) -> ChatOptions:
+        return ChatOptions(thinking=thinking_switch(self.reasoning))
+
     def chat(self) -> ChatPrompt:
         return to_chat(self)
+
+
+class ResponsesPrompt(ResponsesPrefix):
+    """The part of a request that becomes the prompt."""
+
+    input: str | list[InputItem]
 
 
 class ResponsesRequest(ResponsesPrompt):
@@ -229,7 +255,6 @@ class ResponsesRequest(ResponsesPrompt):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
-    reasoning: Reasoning | None = None
     text: TextConfig | None = None
     store: bool | None = Field(None, description="false: nothing is stored (true is refused)")
     include: list[Literal["reasoning.encrypted_content"]] | None = Field(
@@ -261,7 +286,6 @@ class ResponsesRequest(ResponsesPrompt):
         elif self.chat_tools():
             choice = "auto"
         fmt = self.text.format if self.text else None
-        effort = self.reasoning.effort if self.reasoning else None
         return ChatOptions(
             tool_choice=choice,
             parallel_tool_calls=self.parallel_tool_calls,
@@ -269,19 +293,19 @@ class ResponsesRequest(ResponsesPrompt):
             if fmt is not None and fmt.type == "json_schema"
             else None,
             json_object=fmt is not None and fmt.type == "json_object",
-            thinking=None if effort is None else effort != "none",
+            thinking=thinking_switch(self.reasoning),
         )
 
     def chat_tools(self) -> list[Any]:
         return [t for t in self.tools or [] if not isinstance(t, HostedTool)]
 
 
-def to_chat(prompt: ResponsesPrompt) -> ChatPrompt:
+def to_chat(prompt: ResponsesPrefix) -> ChatPrompt:
     """The chat messages and tools of a Responses prompt."""
     items: list[Any] = (
         [MessageItem(role="user", content=prompt.input)]
         if isinstance(prompt.input, str)
-        else list(prompt.input)
+        else list(prompt.input or [])
     )
     system = [prompt.instructions] if prompt.instructions else []
     while items and isinstance(items[0], MessageItem) and items[0].role in ("system", "developer"):
