@@ -17,9 +17,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from warmfleet_common import __version__
 from warmfleet_router.discovery import Source
+from warmfleet_router.errors import error_body, error_response
 from warmfleet_router.fleet import Fleet, RouterOptions
 from warmfleet_router.metrics import RouterMetrics
-from warmfleet_router.proxy import error_body, forward
+from warmfleet_router.proxy import forward
+from warmfleet_router.routes import ROUTES, ProxiedRoute
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +65,10 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     def fleet() -> Fleet:
         return holder["fleet"]
 
-    async def proxied(request: Request, path: str, route: str) -> Response:
-        too_large = JSONResponse(
-            error_body(413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
-                       "invalid_request_error"),
-            status_code=413,
+    async def proxied(request: Request, route: ProxiedRoute) -> Response:
+        too_large = error_response(
+            413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
+            "invalid_request_error",
         )  # fmt: skip
         if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
             return too_large
@@ -80,15 +81,16 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
             body = None
         if not isinstance(body, dict):
             body = None
-        return await forward(fleet(), path, route, raw, body, dict(request.headers))
+        return await forward(fleet(), route, raw, body, dict(request.headers))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await proxied(request, "/v1/chat/completions", "chat")
+    def add_proxied(route: ProxiedRoute) -> None:
+        async def endpoint(request: Request) -> Response:
+            return await proxied(request, route)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await proxied(request, "/v1/completions", "completion")
+        app.add_api_route(route.path, endpoint, methods=["POST"], name=route.name)
+
+    for route in ROUTES:
+        add_proxied(route)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -132,6 +134,6 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
 
     @app.exception_handler(404)
     async def not_found(_: Request, __: Exception) -> JSONResponse:
-        return JSONResponse(error_body(404, "no such route", "not_found", "not_found_error"), 404)
+        return JSONResponse(error_body("no such route", "not_found", "not_found_error"), 404)
 
     return app

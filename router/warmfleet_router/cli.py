@@ -39,6 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="bounded load: no backend above (1 + epsilon) x the mean in-flight",
     )
     p.add_argument(
+        "--session-key",
+        action="append",
+        metavar="SOURCE",
+        help="where a request's session key is, first found wins: header:NAME or "
+        "body:FIELD[.FIELD...]; repeatable (default: header:x-session-affinity, "
+        "header:x-prefix-hash)",
+    )
+    p.add_argument(
         "--health-interval", type=float, default=2.0, help="seconds between /readyz probes"
     )
     p.add_argument(
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from warmfleet_router.app import create_app
     from warmfleet_router.discovery import ClusterSource, FolderSource, Source, StaticSource
     from warmfleet_router.fleet import RouterOptions
+    from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys
     from warmfleet_router.sync import SyncOptions
 
     logging.basicConfig(
@@ -63,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.epsilon < 0:
         print("warmfleet router: --epsilon must be >= 0")
+        return 2
+    session_keys = tuple(args.session_key or DEFAULT_SOURCES)
+    try:
+        SessionKeys(session_keys)
+    except ValueError as exc:
+        print(f"warmfleet router: --session-key: {exc}")
         return 2
     token = os.environ.get("WARMFLEET_ADMIN_TOKEN") or None
     if args.admin_token_file:
@@ -86,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         epsilon=args.epsilon,
         sync=SyncOptions(health_interval=args.health_interval),
+        session_keys=session_keys,
     )
     app = create_app(source, options)
     print(

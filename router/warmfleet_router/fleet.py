@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,36 +25,33 @@ from warmfleet_router.keys import (
     LayoutKeyer,
     MessageKeyer,
     RequestBlocks,
-    request_blocks,
 )
 from warmfleet_router.metrics import RouterMetrics
-from warmfleet_router.policy import DEFAULT_EPSILON, Candidate, Decision, Policy, Reason, choose
+from warmfleet_router.policy import (
+    DEFAULT_EPSILON,
+    Candidate,
+    Decision,
+    PolicyName,
+    Reason,
+    RoutingRequest,
+    admit,
+    build,
+)
+from warmfleet_router.routes import ProxiedRoute, Usage, request_blocks
+from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys, SessionTable
 from warmfleet_router.sync import BackendSync, SyncOptions
 
 log = logging.getLogger(__name__)
 
-AFFINITY_HEADERS = ("x-session-affinity", "x-prefix-hash")
-MAX_SESSIONS = 100_000
 RECENT_DECISIONS = 100
 
 
 @dataclass(frozen=True)
 class RouterOptions:
-    policy: Policy = "prefix"
+    policy: PolicyName = "prefix"
     epsilon: float = DEFAULT_EPSILON
     sync: SyncOptions = field(default_factory=SyncOptions)
-
-
-class Unroutable(Exception):
-    """No backend can take this request: the OpenAI-style error to answer with."""
-
-    def __init__(
-        self, status: int, message: str, code: str, type_: str, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.type, self.param = (
-            status, message, code, type_, param
-        )  # fmt: skip
+    session_keys: tuple[str, ...] = DEFAULT_SOURCES  # where a request's session key is
 
 
 @dataclass
@@ -83,7 +80,9 @@ class Fleet:
         self._syncs: dict[str, BackendSync] = {}
         self._keyers: dict[str, Keyer] = {MESSAGE_KEYS: MessageKeyer()}
         self._keyer_locks: dict[str, asyncio.Lock] = {}
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self.policy = build(options.policy, options.epsilon)
+        self.session_keys = SessionKeys(options.session_keys)
+        self._sessions = SessionTable()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._turn = 0
         self.discovered = asyncio.Event()  # the source's first backend list is applied
@@ -176,28 +175,26 @@ class Fleet:
         return [b for b in self.backends.values() if b.usable]
 
     async def plan(
-        self,
-        route: str,
-        body: Mapping[str, Any] | None,
-        headers: Mapping[str, str],
-        *,
-        exclude: frozenset[str] = frozenset(),
+        self, route: ProxiedRoute, body: Mapping[str, Any] | None, headers: Mapping[str, str]
     ) -> Plan:
-        """The decision for one request; Unroutable when no ready backend serves it."""
+        """The decision for one request; a RoutingError when no ready backend serves it."""
         arrived = time.monotonic()
-        backends = [b for b in self.usable() if b.name not in exclude]
         model = body.get("model") if body is not None else None
-        if isinstance(model, str):
-            backends = self._serving(model, backends)
-        if not backends:
-            raise Unroutable(503, "no backend is ready", "no_backend", "service_unavailable")
-        affinity = next((headers[h] for h in AFFINITY_HEADERS if headers.get(h)), None)
+        affinity = self.session_keys.of(headers, body)
+        fleet = [_candidate(b) for b in self.backends.values()]
+        request = RoutingRequest(
+            model=model if isinstance(model, str) else None,
+            affinity=affinity,
+            session_backend=self._sessions.get(affinity) if affinity else None,
+            fleet=fleet,
+        )
+        admitted = {c.name for c in admit(fleet, request)}
+        backends = [b for b in self.backends.values() if b.name in admitted]
         blocks: dict[str, RequestBlocks] = {}
         by_keyer: dict[int, RequestBlocks] = {}
-        policy = self.options.policy
         for backend in backends:
             keyer = self._keyer_of(backend)
-            if body is None or policy != "prefix":
+            if body is None or not self.policy.needs_cache:
                 blocks[backend.name] = EMPTY
                 continue
             if id(keyer) not in by_keyer:
@@ -209,41 +206,17 @@ class Fleet:
         ]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
         self._turn += 1
-        decision = choose(
-            policy,
-            candidates,
-            epsilon=self.options.epsilon,
+        request = RoutingRequest(
+            model=request.model,
             tie_key=(affinity.encode() if affinity else tie) or str(self._turn).encode(),
             affinity=affinity,
-            session_backend=self._sessions.get(affinity) if affinity else None,
+            session_backend=request.session_backend,
             turn=self._turn,
         )
+        decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
         sources = {b.name: _source(b) for b in backends}
         return Plan(decision, blocks, affinity, arrived, predicted, sources)
-
-    def _serving(self, model: str, backends: list[Backend]) -> list[Backend]:
-        """The backends that answer to `model`; those that have not said which models
-        they serve only when none has said it serves this one."""
-        serving = [b for b in backends if b.serves(model)]
-        if serving:
-            return serving
-        unknown = [b for b in backends if b.serves(model) is None]
-        if unknown:
-            return unknown
-        if any(b.serves(model) for b in self.backends.values()):
-            raise Unroutable(
-                503, f"no backend serving `{model}` is ready", "no_backend", "service_unavailable"
-            )
-        if backends:  # as a daemon answers an unknown model
-            raise Unroutable(
-                404,
-                f"The model `{model}` does not exist.",
-                "model_not_found",
-                "not_found_error",
-                "model",
-            )
-        return []
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
@@ -265,7 +238,7 @@ class Fleet:
         reason: Reason,
         *,
         outcome: str,
-        usage: Mapping[str, Any] | None,
+        usage: Usage | None,
         first_byte: float | None,
     ) -> None:
         """A request left `backend` (any outcome): counters, index history, sessions."""
@@ -274,18 +247,12 @@ class Fleet:
         if flight is not None:
             self.index.land(flight)
         predicted = self.index_prediction(plan, backend, reason)
-        prompt_tokens = cached = None
-        if usage:
-            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            cached = int(details.get("cached_tokens") or 0)
+        prompt_tokens = usage.prompt_tokens if usage else None
+        cached = usage.cached_tokens if usage else None
         if outcome == "ok":
             self.index.routed(backend.name, plan.blocks.get(backend.name, EMPTY))
             if plan.affinity:
-                self._sessions[plan.affinity] = backend.name
-                self._sessions.move_to_end(plan.affinity)
-                while len(self._sessions) > MAX_SESSIONS:
-                    self._sessions.popitem(last=False)
+                self._sessions.served(plan.affinity, backend.name)
         source = plan.sources.get(backend.name, _source(backend))
         if source == "events" and flight is not None and flight.contended:
             source = "contended"
@@ -348,6 +315,10 @@ class Fleet:
             "sessions": len(self._sessions),
             "decisions": list(self.decisions)[::-1],
         }
+
+
+def _candidate(backend: Backend) -> Candidate:
+    return Candidate(backend.name, backend.in_flight, ready=backend.usable, models=backend.models)
 
 
 def _source(backend: Backend) -> str:

@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from warmfleet_router.backend import Backend
-from warmfleet_router.fleet import Fleet, Plan, Unroutable
-from warmfleet_router.policy import Reason
+from warmfleet_router.errors import error_body, error_response, routing_error
+from warmfleet_router.fleet import Fleet, Plan
+from warmfleet_router.policy import Reason, RoutingError
+from warmfleet_router.routes import ProxiedRoute, Usage
 
 log = logging.getLogger(__name__)
 
@@ -42,31 +44,17 @@ class UpstreamFailed(Exception):
     """The backend failed before sending anything: safe to retry elsewhere."""
 
 
-def error_body(
-    status: int,
-    message: str,
-    code: str,
-    type_: str = "service_unavailable",
-    param: str | None = None,
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
 async def forward(
     fleet: Fleet,
-    path: str,
-    route: str,
+    route: ProxiedRoute,
     raw: bytes,
     body: Mapping[str, Any] | None,
     headers: Mapping[str, str],
 ) -> Response:
     try:
         plan = await fleet.plan(route, body, headers)
-    except Unroutable as exc:
-        return JSONResponse(
-            error_body(exc.status, exc.message, exc.code, exc.type, exc.param),
-            status_code=exc.status,
-        )
+    except RoutingError as exc:
+        return routing_error(exc)
     upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
@@ -79,14 +67,11 @@ async def forward(
         if reason == "failover" and failed is not None:
             fleet.metrics.failover(failed)
         try:
-            return await _attempt(fleet, plan, backend, reason, path, raw, upstream_headers)
+            return await _attempt(fleet, plan, backend, reason, route, raw, upstream_headers)
         except UpstreamFailed as exc:
             errors.append(f"{name}: {exc}")
             log.warning("backend %s failed before the first byte: %s", name, exc)
-    return JSONResponse(
-        error_body(502, "every backend tried failed: " + "; ".join(errors), "backend_failed"),
-        status_code=502,
-    )
+    return error_response(502, "every backend tried failed: " + "; ".join(errors), "backend_failed")
 
 
 async def _attempt(
@@ -94,14 +79,14 @@ async def _attempt(
     plan: Plan,
     backend: Backend,
     reason: Reason,
-    path: str,
+    route: ProxiedRoute,
     raw: bytes,
     headers: Mapping[str, str],
 ) -> Response:
     fleet.started(plan, backend, reason)
     done = False
 
-    def finish(outcome: str, usage: Mapping[str, Any] | None, first_byte: float | None) -> None:
+    def finish(outcome: str, usage: Usage | None, first_byte: float | None) -> None:
         nonlocal done
         if not done:
             done = True
@@ -110,7 +95,7 @@ async def _attempt(
             )
 
     try:
-        return await _exchange(fleet, plan, backend, reason, path, raw, headers, finish)
+        return await _exchange(fleet, plan, backend, reason, route, raw, headers, finish)
     except BaseException:
         # The client went away before the response began (or anything unforeseen): the
         # request must not stay counted in flight.
@@ -118,7 +103,7 @@ async def _attempt(
         raise
 
 
-Finish = Callable[[str, Mapping[str, Any] | None, float | None], None]
+Finish = Callable[[str, Usage | None, float | None], None]
 
 
 async def _exchange(
@@ -126,14 +111,14 @@ async def _exchange(
     plan: Plan,
     backend: Backend,
     reason: Reason,
-    path: str,
+    route: ProxiedRoute,
     raw: bytes,
     headers: Mapping[str, str],
     finish: Finish,
 ) -> Response:
     request = fleet.client.build_request(
         "POST",
-        f"{backend.url}{path}",
+        f"{backend.url}{route.path}",
         content=raw,
         headers=headers,
         timeout=httpx.Timeout(10.0, read=600.0),
@@ -156,7 +141,7 @@ async def _exchange(
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
     chunks = upstream.aiter_raw()
     try:  # the first byte decides whether a retry is still possible
-        first = await (_first_progress(chunks) if streaming else anext(chunks, b""))
+        first = await (_first_progress(chunks, route) if streaming else anext(chunks, b""))
     except httpx.HTTPError as exc:
         await upstream.aclose()
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
@@ -177,12 +162,12 @@ async def _exchange(
             raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
         finally:
             await upstream.aclose()
-        usage = _usage_of(content) if upstream.status_code == 200 else None
+        usage = _usage_of(content, route) if upstream.status_code == 200 else None
         finish("ok" if upstream.status_code < 400 else "client_error", usage, first_byte)
         return Response(content, status_code=upstream.status_code, headers=out_headers)
 
     async def relay() -> AsyncIterator[bytes]:
-        usage = _UsageScanner()
+        usage = _UsageScanner(route)
         outcome = "cancelled"  # the client went away, unless we get to the end
         try:
             usage.feed(first)
@@ -197,7 +182,7 @@ async def _exchange(
                 message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
                 yield (
                     b"data: "
-                    + json.dumps(error_body(502, message, "backend_stream_cut")).encode()
+                    + json.dumps(error_body(message, "backend_stream_cut")).encode()
                     + b"\n\n"
                 )
                 return
@@ -209,7 +194,7 @@ async def _exchange(
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
 
 
-async def _first_progress(chunks: AsyncIterator[bytes]) -> bytes:
+async def _first_progress(chunks: AsyncIterator[bytes], route: ProxiedRoute) -> bytes:
     """A stream's bytes up to its first event that carries output (text, a tool call, a
     finish, usage, an error, the end). Daemons open with an empty assistant-role event
     before they have computed anything; holding it back keeps a failure during prefill
@@ -218,12 +203,12 @@ async def _first_progress(chunks: AsyncIterator[bytes]) -> bytes:
     async for chunk in chunks:
         held += chunk
         events = held.split(b"\n\n")
-        if any(_carries_output(e) for e in events[:-1]) or len(held) > 1 << 20:
+        if any(_carries_output(e, route) for e in events[:-1]) or len(held) > 1 << 20:
             return held
     return held
 
 
-def _carries_output(event: bytes) -> bool:
+def _carries_output(event: bytes, route: ProxiedRoute) -> bool:
     data = event.strip()
     if not data.startswith(b"data:"):
         return bool(data) and not data.startswith(b":")  # an unexpected line: pass it on
@@ -234,15 +219,7 @@ def _carries_output(event: bytes) -> bool:
         payload = json.loads(data)
     except ValueError:
         return True
-    if not isinstance(payload, dict) or payload.get("error") or payload.get("usage"):
-        return True
-    for choice in payload.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if choice.get("finish_reason") or choice.get("text") or delta.get("tool_calls"):
-            return True
-        if delta.get("content"):
-            return True
-    return False
+    return not isinstance(payload, dict) or route.carries_output(payload)
 
 
 async def _read_quietly(response: httpx.Response) -> bytes:
@@ -252,21 +229,22 @@ async def _read_quietly(response: httpx.Response) -> bytes:
         return b""
 
 
-def _usage_of(content: bytes) -> dict[str, Any] | None:
+def _usage_of(content: bytes, route: ProxiedRoute) -> Usage | None:
     try:
-        usage = json.loads(content).get("usage")
-    except (ValueError, AttributeError):
+        document = json.loads(content)
+    except ValueError:
         return None
-    return usage if isinstance(usage, dict) else None
+    return route.usage_of(document) if isinstance(document, dict) else None
 
 
 class _UsageScanner:
-    """Finds the `usage` of an SSE stream (the chunk `stream_options.include_usage` adds)
+    """Finds the usage of an SSE stream (the chunk `stream_options.include_usage` adds)
     without holding the stream: only the current partial line is kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, route: ProxiedRoute) -> None:
+        self._route = route
         self._partial = b""
-        self.found: dict[str, Any] | None = None
+        self.found: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
         lines = (self._partial + chunk).split(b"\n")
@@ -276,8 +254,8 @@ class _UsageScanner:
         for line in lines:
             if line.startswith(b"data: {") and b'"usage"' in line:
                 try:
-                    usage = json.loads(line[6:]).get("usage")
+                    document = json.loads(line[6:])
                 except ValueError:
                     continue
-                if isinstance(usage, dict):
-                    self.found = usage
+                if isinstance(document, dict):
+                    self.found = self._route.usage_of(document) or self.found

@@ -18,21 +18,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from warmfleet_common.cache_layout import CacheLayout
+from warmfleet_common.contract import PromptState, WarmSetList
+from warmfleet_common.wire import (
+    BlockEvicted,
+    BlockStored,
+    CacheEventLine,
+    CacheSnapshot,
+    DaemonStatus,
+    EventsHeartbeat,
+    EventsHello,
+    EventsReset,
+    ModelList,
+    parse_event_line,
+)
 from warmfleet_router.backend import Backend
 from warmfleet_router.index import BlockIndex
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -129,18 +142,19 @@ class BackendSync:
         backend = self.backend
         try:
             r = await self._client.get(f"{backend.url}/v1/models", timeout=5.0)
-            data = r.json().get("data") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            listed = ModelList.model_validate_json(r.content) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValidationError):
             return
-        if not isinstance(data, list):
+        if listed is None:
             return
-        names = {str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")}
+        names = {m.id for m in listed.data if m.id}
         try:  # a warmfleet daemon also answers to its aliases (`default`, its --model)
             r = await self._client.get(f"{backend.url}/v1/status", timeout=5.0)
-            model = r.json().get("model") if r.status_code == 200 else None
-            if isinstance(model, dict):
-                names.update(str(a) for a in model.get("aliases") or [])
-        except (httpx.HTTPError, ValueError, AttributeError):
+            if r.status_code == 200:
+                status = DaemonStatus.model_validate_json(r.content)
+                if status.model is not None:
+                    names.update(status.model.aliases)
+        except (httpx.HTTPError, ValidationError):
             pass
         backend.models = frozenset(names) or None
 
@@ -154,7 +168,7 @@ class BackendSync:
     async def _warm_sets_loop(self) -> None:
         while True:
             if self.backend.usable:
-                with contextlib.suppress(httpx.HTTPError, ValueError, TypeError, AttributeError):
+                with contextlib.suppress(httpx.HTTPError, ValueError):
                     await self.read_warm_sets()
             await asyncio.sleep(self._options.warm_sets_interval)
 
@@ -166,19 +180,21 @@ class BackendSync:
         )
         if r.status_code != 200:
             return
-        sets = r.json().get("sets", [])
+        sets = WarmSetList.model_validate_json(r.content).sets
         backend.warm_sets = [
-            {k: s.get(k) for k in ("namespace", "name", "warm", "total", "pin")} for s in sets
-        ]
+            {"namespace": s.namespace, "name": s.name, "warm": s.warm, "total": s.total,
+             "pin": s.pin}
+            for s in sets
+        ]  # fmt: skip
         self._index.set_pinned(
             backend.name,
             (
                 bytes.fromhex(key)
                 for s in sets
-                if s.get("pin")
-                for p in s.get("prompts") or []
-                if p.get("state") == "warm"
-                for key in p.get("blocks") or []
+                if s.pin
+                for p in s.prompts
+                if p.state is PromptState.WARM
+                for key in p.blocks
             ),
         )
 
@@ -221,15 +237,13 @@ class BackendSync:
     async def _resync(self) -> None:
         backend = self.backend
         backend.index_mode = "resyncing"
-        headers = backend.admin_headers()
-        snap = await self._get_json("/v1/cache/snapshot", headers)
-        if snap.get("fingerprint") != backend.fingerprint:
+        snap = await self._get("/v1/cache/snapshot", CacheSnapshot)
+        if snap.fingerprint != backend.fingerprint:
             await self._read_layout()
         self._index.load_snapshot(
-            backend.name,
-            ((bytes.fromhex(b["key"]), bool(b.get("logits"))) for b in snap["blocks"]),
+            backend.name, ((bytes.fromhex(b.key), b.logits) for b in snap.blocks)
         )
-        backend.epoch, backend.seq = str(snap["epoch"]), int(snap["seq"])
+        backend.epoch, backend.seq = snap.epoch, snap.seq
         backend.index_mode = "following"
         backend.last_error = ""
         backend.resyncs += 1
@@ -238,8 +252,7 @@ class BackendSync:
 
     async def _read_layout(self) -> None:
         backend = self.backend
-        body = await self._get_json("/v1/cache/layout", backend.admin_headers())
-        layout = CacheLayout.model_validate(body)
+        layout = await self._get("/v1/cache/layout", CacheLayout)
         await self._layouts(layout)
         backend.fingerprint, backend.model = layout.fingerprint, layout.model
 
@@ -263,43 +276,40 @@ class BackendSync:
                 _raise_for_events(r)
             async for line in r.aiter_lines():
                 if line.strip():
-                    self.apply(json.loads(line))
+                    self.apply(parse_event_line(line))
 
-    def apply(self, event: dict[str, Any]) -> None:
+    def apply(self, event: CacheEventLine) -> None:
         """Apply one line of the event stream (raises ResyncNeeded on a gap)."""
         backend, index = self.backend, self._index
-        kind = event.get("type")
-        if kind == "hello":
-            if event.get("epoch") != backend.epoch:
+        if isinstance(event, EventsHello):
+            if event.epoch != backend.epoch:
                 raise ResyncNeeded("the daemon restarted")
             return
-        if kind == "reset":
-            raise ResyncNeeded(f"daemon says reset: {event.get('reason')}")
-        if kind == "heartbeat":
-            if int(event["seq"]) != backend.seq:
-                raise ResyncNeeded(f"heartbeat at {event['seq']}, index at {backend.seq}")
+        if isinstance(event, EventsReset):
+            raise ResyncNeeded(f"daemon says reset: {event.reason}")
+        if isinstance(event, EventsHeartbeat):
+            if event.seq != backend.seq:
+                raise ResyncNeeded(f"heartbeat at {event.seq}, index at {backend.seq}")
             return
-        seq = int(event["seq"])
-        if seq != backend.seq + 1:
-            raise ResyncNeeded(f"event {seq} after {backend.seq}")
-        if kind == "stored":
-            index.stored(backend.name, bytes.fromhex(event["key"]), bool(event.get("logits")))
-        elif kind == "evicted":
-            index.evicted(backend.name, bytes.fromhex(event["key"]))
-        elif kind == "cleared":
+        if event.seq != backend.seq + 1:
+            raise ResyncNeeded(f"event {event.seq} after {backend.seq}")
+        if isinstance(event, BlockStored):
+            index.stored(backend.name, bytes.fromhex(event.key), event.logits)
+        elif isinstance(event, BlockEvicted):
+            index.evicted(backend.name, bytes.fromhex(event.key))
+        else:
             index.cleared(backend.name)
-        backend.seq = seq
+        backend.seq = event.seq
         if self._on_index:
             self._on_index(backend, "event")
 
-    async def _get_json(self, path: str, headers: dict[str, str]) -> dict[str, Any]:
+    async def _get(self, path: str, model: type[M]) -> M:
+        """An admin route's answer, parsed with its wire model."""
+        headers = self.backend.admin_headers()
         r = await self._client.get(f"{self.backend.url}{path}", headers=headers, timeout=30.0)
         if r.status_code != 200:
             _raise_for_events(r)
-        body = r.json()
-        if not isinstance(body, dict):
-            raise ValueError(f"{path}: not a JSON object")
-        return body
+        return model.model_validate_json(r.content)
 
 
 class _NoEvents(Exception):
