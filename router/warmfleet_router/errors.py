@@ -9,6 +9,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
+from warmfleet_router.prepare import Invalid
 
 # kind -> (status, code, type, param)
 _ROUTING: dict[type[RoutingError], tuple[int, str, str, str | None]] = {
@@ -45,3 +46,11 @@ def routing_error(exc: RoutingError) -> JSONResponse:
         v for kind, v in _ROUTING.items() if isinstance(exc, kind)
     )  # fmt: skip
     return error_response(status, str(exc), code, type_, param)
+
+
+def invalid_request(invalid: Invalid) -> JSONResponse:
+    """What a daemon answers a request it refuses (the router refuses it first when it
+    cannot even key it, or when it is larger than every backend's context)."""
+    return error_response(
+        400, invalid.message, invalid.code, "invalid_request_error", invalid.param
+    )

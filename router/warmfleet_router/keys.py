@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from warmfleet_common.cache_layout import CacheLayout, LayoutTokenizer
+from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.chunking import BlockKey, chain_key, plan_chunks, root_key
 from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
+from warmfleet_router.tokenizing import FastLayoutTokenizer
 
 MESSAGE_KEYS = "messages"  # the fingerprint of message-level keys
 
@@ -84,7 +85,10 @@ class LayoutKeyer:
 
     def __init__(self, layout: CacheLayout) -> None:
         self.fingerprint = layout.fingerprint
-        self._prompts = PromptBuilder(LayoutTokenizer(layout))
+        tokenizer = FastLayoutTokenizer(layout)
+        self.vocab_size = tokenizer.vocab_size  # as a daemon counts it: added tokens too
+        self.max_token_bytes = tokenizer.max_token_bytes  # of its longest token
+        self._prompts = PromptBuilder(tokenizer)
         self._root = bytes.fromhex(layout.root)
         self._block_size = layout.block_size
 

@@ -17,7 +17,9 @@ underscores, counters get `_total`.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import resource
 from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -26,6 +28,7 @@ from warmfleet_common import otel
 from warmfleet_router.backend import Backend
 
 TTFB_BUCKETS = otel.LATENCY_BUCKETS
+CPU_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 HEALTH = ("ready", "unready", "draining", "down", "unknown")
 
 
@@ -72,6 +75,26 @@ class RouterMetrics(otel.Metrics):
         )
         self._events = meter.create_counter(
             "warmfleet.router.index.events", unit="{event}", description="Cache events applied"
+        )
+        self._read_errors = meter.create_counter(
+            "warmfleet.router.backend.read_errors",
+            unit="{error}",
+            description="Reads from a backend that failed (unreachable, too slow, too large, a "
+            "payload of the wrong shape), by what was read and error.type",
+        )
+        self._cpu = meter.create_histogram(
+            "warmfleet.router.request.cpu_time",
+            unit="s",
+            description="CPU time the router spent on a request, by stage: prepare (parse, "
+            "check and key its body, in a worker) and route (the decision, on the event loop)",
+            explicit_bucket_boundaries_advisory=CPU_BUCKETS,
+        )
+        meter.create_observable_counter(
+            "process.cpu.time",
+            [_process_cpu],
+            unit="s",
+            description="CPU time of the router process and its workers (CPU per request: "
+            "rate of this over the rate of requests)",
         )
         self._ttfb = meter.create_histogram(
             "warmfleet.router.time_to_first_byte",
@@ -153,6 +176,12 @@ class RouterMetrics(otel.Metrics):
                     result = "under"
                 self._predictions.add(1, {**judged, "warmfleet.prediction": result})
 
+    def request_cpu(self, route: str, stage: str, seconds: float) -> None:
+        self._cpu.record(seconds, {"warmfleet.route": route, "warmfleet.stage": stage})
+
+    def read_error(self, backend: Backend, what: str, kind: str) -> None:
+        self._read_errors.add(1, {**labels(backend), "warmfleet.read": what, "error.type": kind})
+
     def failover(self, backend: Backend) -> None:
         self._failovers.add(1, labels(backend))
 
@@ -162,6 +191,29 @@ class RouterMetrics(otel.Metrics):
             self._failovers.add(0, labels(backend))
         else:
             self._events.add(1, labels(backend))
+
+
+def _process_cpu(_: CallbackOptions) -> Iterable[Observation]:
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    workers = _worker_cpu()
+    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + workers
+    return [Observation(total)]
+
+
+def _worker_cpu() -> float:
+    """CPU of live worker processes (RUSAGE_CHILDREN counts only those that ended)."""
+    total = 0.0
+    for child in multiprocessing.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            continue  # not Linux, or it just ended
+    return total
 
 
 def labels(backend: Backend) -> dict[str, str]:

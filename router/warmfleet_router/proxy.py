@@ -1,23 +1,32 @@
 """Forwarding one request: the plan's backend, one retry on the next best if it fails
 before the first byte, the response passed through as it arrives (streams chunk by
 chunk, never buffered), `x-warmfleet-backend` on every response, and an OpenAI-style
-error event when a stream is cut after its first byte."""
+error event when a stream is cut after its first byte.
+
+Bounded: a whole request (streamed or not) ends by `ProxyOptions.request_timeout` after
+it arrived (504 before the response began, an error event in a stream after); a
+non-streamed body over `max_response_bytes` is a 502 and an error body is read up to
+`max_error_bytes`; a stream is relayed chunk by chunk, holding at most its opening
+event (up to 1 MiB) back."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
+import anyio
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
+from warmfleet_common import bounded
 from warmfleet_router.backend import Backend
-from warmfleet_router.errors import error_body, error_response, routing_error
+from warmfleet_router.errors import error_body, error_response, invalid_request, routing_error
 from warmfleet_router.fleet import Fleet, Plan
 from warmfleet_router.policy import Reason, RoutingError
+from warmfleet_router.prepare import RequestInvalid
 from warmfleet_router.routes import ProxiedRoute, Usage
 
 log = logging.getLogger(__name__)
@@ -40,21 +49,29 @@ _HOP = {
 _PASSED_BACK = ("content-type", "content-encoding", "cache-control", "x-request-id")
 
 
+T = TypeVar("T")
+
+
 class UpstreamFailed(Exception):
     """The backend failed before sending anything: safe to retry elsewhere."""
 
 
+class _Answered(Exception):
+    """The exchange is over with this response (no retry)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
 async def forward(
-    fleet: Fleet,
-    route: ProxiedRoute,
-    raw: bytes,
-    body: Mapping[str, Any] | None,
-    headers: Mapping[str, str],
+    fleet: Fleet, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]
 ) -> Response:
     try:
-        plan = await fleet.plan(route, body, headers)
+        plan = await fleet.plan(route, raw, headers)
     except RoutingError as exc:
         return routing_error(exc)
+    except RequestInvalid as exc:
+        return invalid_request(exc.invalid)
     upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
@@ -68,6 +85,8 @@ async def forward(
             fleet.metrics.failover(failed)
         try:
             return await _attempt(fleet, plan, backend, reason, route, raw, upstream_headers)
+        except _Answered as answered:
+            return answered.response
         except UpstreamFailed as exc:
             errors.append(f"{name}: {exc}")
             log.warning("backend %s failed before the first byte: %s", name, exc)
@@ -116,50 +135,89 @@ async def _exchange(
     headers: Mapping[str, str],
     finish: Finish,
 ) -> Response:
+    options = fleet.options.proxy
+    deadline = plan.started + options.request_timeout
+
+    async def within(step: Awaitable[T]) -> T:
+        """`step`, unless the request's deadline passes first (504, no retry)."""
+        try:
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                return await step
+        except TimeoutError as exc:
+            finish("timeout", None, None)
+            message = f"the backend {backend.name} did not answer within the request timeout"
+            raise _Answered(error_response(504, message, "backend_timeout")) from exc
+
     request = fleet.client.build_request(
         "POST",
         f"{backend.url}{route.path}",
         content=raw,
         headers=headers,
-        timeout=httpx.Timeout(10.0, read=600.0),
+        timeout=httpx.Timeout(10.0, read=options.request_timeout),
     )
     try:
-        upstream = await fleet.client.send(request, stream=True)
+        upstream = await within(fleet.client.send(request, stream=True))
     except httpx.HTTPError as exc:
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        return await _relay(fleet, plan, backend, reason, route, upstream, finish, within)
+    except BaseException:
+        await upstream.aclose()
+        raise
+
+
+async def _relay(
+    fleet: Fleet,
+    plan: Plan,
+    backend: Backend,
+    reason: Reason,
+    route: ProxiedRoute,
+    upstream: httpx.Response,
+    finish: Finish,
+    within: Callable[[Awaitable[Any]], Awaitable[Any]],
+) -> Response:
+    options = fleet.options.proxy
+    deadline = plan.started + options.request_timeout
     if upstream.status_code >= 500:
-        text = (await _read_quietly(upstream))[:300]
+        try:
+            text = await within(bounded.read_body(upstream, options.max_error_bytes))
+        except (httpx.HTTPError, bounded.TooLarge):
+            text = b"(an unreadable or oversized error body)"
         await upstream.aclose()
         fleet.passive_failure(backend, f"HTTP {upstream.status_code}")
         finish("failed", None, None)
-        raise UpstreamFailed(f"HTTP {upstream.status_code}: {text.decode(errors='replace')}")
+        raise UpstreamFailed(f"HTTP {upstream.status_code}: {text[:300].decode(errors='replace')}")
     out_headers = {k: upstream.headers[k] for k in _PASSED_BACK if k in upstream.headers}
     out_headers[BACKEND_HEADER] = backend.name
     out_headers[REASON_HEADER] = reason
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
     chunks = upstream.aiter_raw()
     try:  # the first byte decides whether a retry is still possible
-        first = await (_first_progress(chunks, route) if streaming else anext(chunks, b""))
+        first = await within(_first_progress(chunks, route) if streaming else anext(chunks, b""))
     except httpx.HTTPError as exc:
         await upstream.aclose()
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
-    except BaseException:
-        await upstream.aclose()
-        raise
     first_byte = time.monotonic() - plan.started
     fleet.prefilled(plan, backend)
 
     if not streaming:
         try:
-            content = first + b"".join([c async for c in chunks])
+            content = await within(_rest(first, chunks, options.max_response_bytes))
         except httpx.HTTPError as exc:
             fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
             finish("failed", None, first_byte)
             raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+        except bounded.TooLarge as exc:
+            finish("too_large", None, first_byte)
+            fleet.metrics.read_error(backend, "response", type(exc).__name__)
+            message = (
+                f"the backend {backend.name} answered more than {options.max_response_bytes} bytes"
+            )
+            raise _Answered(error_response(502, message, "backend_response_too_large")) from exc
         finally:
             await upstream.aclose()
         usage = _usage_of(content, route) if upstream.status_code == 200 else None
@@ -173,18 +231,23 @@ async def _exchange(
             usage.feed(first)
             yield first
             try:
-                async for chunk in chunks:
+                while True:
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        chunk = await anext(chunks, None)
+                    if chunk is None:
+                        break
                     usage.feed(chunk)
                     yield chunk
-            except httpx.HTTPError as exc:
-                outcome = "cut"
-                fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
-                message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
-                yield (
-                    b"data: "
-                    + json.dumps(error_body(message, "backend_stream_cut")).encode()
-                    + b"\n\n"
-                )
+            except (httpx.HTTPError, TimeoutError) as exc:
+                timed_out = isinstance(exc, TimeoutError)
+                outcome = "timeout" if timed_out else "cut"
+                if timed_out:
+                    message = f"the backend {backend.name} exceeded the request timeout"
+                else:
+                    fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
+                    message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
+                code = "backend_timeout" if timed_out else "backend_stream_cut"
+                yield b"data: " + json.dumps(error_body(message, code)).encode() + b"\n\n"
                 return
             outcome = "ok"
         finally:
@@ -192,6 +255,17 @@ async def _exchange(
             finish(outcome, usage.found, first_byte)
 
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
+
+
+async def _rest(first: bytes, chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """A non-streamed body: `first` and the rest, at most `limit` bytes."""
+    parts, size = [first], len(first)
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise bounded.TooLarge(f"over the {limit} byte limit")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 async def _first_progress(chunks: AsyncIterator[bytes], route: ProxiedRoute) -> bytes:
@@ -220,13 +294,6 @@ def _carries_output(event: bytes, route: ProxiedRoute) -> bool:
     except ValueError:
         return True
     return not isinstance(payload, dict) or route.carries_output(payload)
-
-
-async def _read_quietly(response: httpx.Response) -> bytes:
-    try:
-        return await response.aread()
-    except httpx.HTTPError:
-        return b""
 
 
 def _usage_of(content: bytes, route: ProxiedRoute) -> Usage | None:

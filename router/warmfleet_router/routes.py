@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from warmfleet_common.contract import ChatMessage, ToolDefinition
 from warmfleet_router.keys import (
@@ -123,3 +123,42 @@ def request_blocks(
     except (KeyError, TypeError, ValueError, ValidationError):
         return EMPTY
     return prompt_blocks(keyer, prompt) if prompt is not None else EMPTY
+
+
+# -- what the router's OpenAPI document says of the bodies ---------------------------
+# The backends validate the rest and answer their own 400s, which the document lists.
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Open):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatBody(_Open):
+    """OpenAI's chat completion request (the backend's other parameters pass through)."""
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionBody(_Open):
+    """OpenAI's completion request (the backend's other parameters pass through)."""
+
+    model: str = Field(min_length=1)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+
+
+BODIES: dict[str, type[BaseModel]] = {CHAT.name: ChatBody, COMPLETION.name: CompletionBody}

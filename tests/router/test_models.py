@@ -100,8 +100,12 @@ def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}]}
 
 
+def encoded(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
 async def choice(fleet: Fleet, model: str) -> tuple[str, tuple[str, ...]]:
-    plan = await fleet.plan(CHAT, chat(model), {})
+    plan = await fleet.plan(CHAT, encoded(chat(model)), {})
     return plan.decision.backend, plan.decision.fallbacks
 
 
@@ -123,10 +127,10 @@ async def test_a_model_nobody_serves_is_a_404_like_the_daemons(
 ) -> None:
     await start(fleet, "llama", "qwen")
     with pytest.raises(ModelNotFound):
-        await fleet.plan(CHAT, chat("gpt-9"), {})
+        await fleet.plan(CHAT, encoded(chat("gpt-9")), {})
 
     raw = json.dumps(chat("gpt-9")).encode()
-    response = await forward(fleet, CHAT, raw, chat("gpt-9"), {})
+    response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 404
     assert json.loads(bytes(response.body)) == {
         "error": {
@@ -139,7 +143,7 @@ async def test_a_model_nobody_serves_is_a_404_like_the_daemons(
     assert backends.chats == []  # nothing was sent anywhere
 
     raw = json.dumps(chat("qwen-2")).encode()
-    response = await forward(fleet, CHAT, raw, chat("qwen-2"), {})
+    response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 200 and response.headers["x-warmfleet-backend"] == "qwen"
 
 
@@ -150,7 +154,7 @@ async def test_a_served_model_whose_backends_are_down_is_a_503(
     backends.ready["qwen"] = False
     await fleet._syncs["qwen"].check_health()
     with pytest.raises(NoBackendReady):
-        await fleet.plan(CHAT, chat("qwen-2"), {})
+        await fleet.plan(CHAT, encoded(chat("qwen-2")), {})
     assert await choice(fleet, "llama-3") == ("llama", ())
 
 
@@ -174,7 +178,7 @@ async def test_a_backend_back_with_another_model_is_read_again(
     await fleet._syncs["qwen"].check_health()
     assert await choice(fleet, "qwen-3") == ("qwen", ())
     with pytest.raises(RoutingError):
-        await fleet.plan(CHAT, chat("qwen-2"), {})
+        await fleet.plan(CHAT, encoded(chat("qwen-2")), {})
 
 
 async def test_predictions_for_backends_without_events_are_labelled_history(
@@ -184,7 +188,7 @@ async def test_predictions_for_backends_without_events_are_labelled_history(
     they neither inflate nor deflate the index's accuracy."""
     await start(fleet, "llama")
     raw = json.dumps(chat("llama-3")).encode()
-    response = await forward(fleet, CHAT, raw, chat("llama-3"), {})
+    response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 200
     assert fleet.decisions[-1]["prediction_source"] == "history"
     samples = [
@@ -202,7 +206,7 @@ async def test_a_client_gone_before_the_response_leaves_nothing_in_flight(
 ) -> None:
     await start(fleet, "stuck")
     raw = json.dumps(chat("llama-3")).encode()
-    task = asyncio.create_task(forward(fleet, CHAT, raw, chat("llama-3"), {}))
+    task = asyncio.create_task(forward(fleet, CHAT, raw, {}))
     for _ in range(100):
         await asyncio.sleep(0.01)
         if fleet.backends["stuck"].in_flight:
@@ -214,5 +218,5 @@ async def test_a_client_gone_before_the_response_leaves_nothing_in_flight(
     assert fleet.backends["stuck"].in_flight == 0
     assert fleet.decisions[-1]["outcome"] == "cancelled"
     # Nothing is left in prefill there: the same request again does not contend with it.
-    plan = await fleet.plan(CHAT, chat("llama-3"), {})
+    plan = await fleet.plan(CHAT, encoded(chat("llama-3")), {})
     assert not fleet.index.take_off("stuck", plan.blocks["stuck"]).contended
