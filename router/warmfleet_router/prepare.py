@@ -163,7 +163,7 @@ def _invalid(
     if isinstance(prompt, TextPrompt) and not isinstance(prompt.prompt, str):
         vocab = {k.vocab_size for k in keyers if isinstance(k, LayoutKeyer)}
         bound = max(vocab) if vocab else TOKEN_ID_LIMIT
-        if any(isinstance(t, bool) or not 0 <= t < bound for t in prompt.prompt):
+        if any(not 0 <= t < bound for t in prompt.prompt):
             return Invalid(f"prompt token ids must be in [0, {bound})", "prompt")
     if prompt is None or max_context is None:
         return None

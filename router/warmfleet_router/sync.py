@@ -420,9 +420,10 @@ class BackendSync:
                 if line is None:
                     return applied
                 if line.strip():
-                    self.apply(parse_event_line(line))
-                    if not applied:
-                        applied = True
+                    event = parse_event_line(line)
+                    self.apply(event)
+                    if not applied and not isinstance(event, EventsHello):
+                        applied = True  # past the greeting: the stream delivers
                         self._fine("events")
 
     def apply(self, event: CacheEventLine) -> None:
