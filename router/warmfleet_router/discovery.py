@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import httpx
-
 from warmfleet_common.crd import WARMNODES, Node
 from warmfleet_common.folder import read_folder
 from warmfleet_common.kube import (
@@ -24,7 +22,6 @@ from warmfleet_common.kube import (
     LoginError,
     SecretError,
     WatchExpired,
-    WatchFailed,
     login,
 )
 from warmfleet_router.backend import BackendSpec
