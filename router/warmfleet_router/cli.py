@@ -144,6 +144,20 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=False,
+        # uvloop and httptools: a third of the router's CPU per request was asyncio's loop
+        # and h11's parser (bench/router_overhead.py).
+        loop="uvloop" if _importable("uvloop") else "asyncio",
+        http="httptools" if _importable("httptools") else "h11",
     )
     return 0
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
