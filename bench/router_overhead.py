@@ -204,7 +204,9 @@ async def drive(urls: list[str], system: str, concurrency: int, count: int) -> d
                     ],
                 }
                 began = time.perf_counter()
-                async with session.post(f"{urls[i % len(urls)]}/v1/chat/completions", json=body) as r:
+                async with session.post(
+                    f"{urls[i % len(urls)]}/v1/chat/completions", json=body
+                ) as r:
                     await r.read()
                     if r.status != 200:
                         failures += 1
@@ -281,21 +283,43 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         tiny = [
-            start(f"daemon-{i}", [*BIN, "serve", "--model", "tiny-random", "--block-size", "32",
-                                  "--port", str(port), "--log-level", "warning"],
-                  port, others, "/readyz")  # fmt: skip
+            start(
+                f"daemon-{i}",
+                [
+                    *BIN,
+                    "serve",
+                    "--model",
+                    "tiny-random",
+                    "--block-size",
+                    "32",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                port,
+                others,
+                "/readyz",
+            )
             for i, port in enumerate([free_port(), free_port()])
         ]
         procs += tiny
         layout_file = str(Path(tempfile.gettempdir()) / "router-overhead-layout.json")
-        Path(layout_file).write_bytes(httpx.get(f"{tiny[0].url}/v1/cache/layout", timeout=60).content)
+        Path(layout_file).write_bytes(
+            httpx.get(f"{tiny[0].url}/v1/cache/layout", timeout=60).content
+        )
         prompts = {n: system_prompt(n, layout_file) for n in sizes}
         for kind in args.backends.split(","):
             if kind == "instant":
                 ports = [free_port(), free_port()]
                 backends = [
-                    start(f"fake-{port}", [sys.executable, __file__, "--fake-backend", str(port),
-                                           layout_file], port, others, "/readyz")  # fmt: skip
+                    start(
+                        f"fake-{port}",
+                        [sys.executable, __file__, "--fake-backend", str(port), layout_file],
+                        port,
+                        others,
+                        "/readyz",
+                    )
                     for port in ports
                 ]
                 procs += backends

@@ -16,9 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from httpx_aiohttp import AiohttpTransport
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from warmfleet_common import __version__, bounded
 from warmfleet_router.discovery import Source
@@ -52,18 +54,27 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse} for code in codes}
 
 
-_PROXIED_ANSWERS: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The backend's answer: JSON, or a text/event-stream when `stream`",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
-        },
-    },
+def _proxied_answers() -> dict[int, dict[str, Any]]:
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    answers: dict[int, dict[str, Any]] = {
+        200: {
+            "description": "The backend's answer: JSON, or a text/event-stream when `stream`",
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    }
     # The backends' own (400 invalid, 404 unknown model, 413, 499 client gone, 503 not
     # ready) and the router's (502 every backend failed, 504 request timeout).
-    **_errors(400, 404, 413, 499, 502, 503, 504),
-}
+    for code in (400, 404, 413, 499, 502, 503, 504):
+        answers[code] = {"description": "An error, in OpenAI's shape", "content": error}
+    return answers
+
+
+def _error_schemas() -> dict[str, Any]:
+    found = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {**found.pop("$defs", {}), "ErrorResponse": found}
 
 
 def create_app(source: Source, options: RouterOptions) -> FastAPI:
@@ -72,10 +83,14 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+        # httpx's API over aiohttp's connection pool and C parser: httpcore's pool looked
+        # at every connection on every request (bench/router_overhead.py, PERFORMANCE.md).
+        transport = AiohttpTransport(limits=limits)
+        async with httpx.AsyncClient(transport=transport, timeout=30.0) as client:
             metrics = RouterMetrics()
             fleet = Fleet(options, client, metrics)
             holder["fleet"] = fleet
+            await fleet.pool.start()
             follower = asyncio.create_task(fleet.follow(source), name="discovery")
             try:
                 # Start with the backends known (an API server down at start: none yet).
@@ -137,22 +152,23 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         async def endpoint(request: Request) -> Response:
             return await proxied(request, route)
 
-        schema = {"$ref": f"#/components/schemas/{BODIES[route.name].__name__}"}
-        app.add_api_route(
-            route.path,
-            endpoint,
-            methods=["POST"],
-            name=route.name,
-            summary=f"Proxied to the chosen backend's {route.path}",
-            responses=_PROXIED_ANSWERS,
-            openapi_extra={
+        # A plain Starlette route: FastAPI's request handling cost a fifth of the router's
+        # CPU per request, for a body it does not parse (the document is written below).
+        app.router.routes.append(Route(route.path, endpoint, methods=["POST"], name=route.name))
+        body = {"$ref": f"#/components/schemas/{BODIES[route.name].__name__}"}
+        proxied_paths[route.path] = {
+            "post": {
+                "summary": f"Proxied to the chosen backend's {route.path}",
+                "operationId": route.name,
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": schema}},
-                }
-            },
-        )
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": {str(code): answer for code, answer in _proxied_answers().items()},
+            }
+        }
 
+    proxied_paths: dict[str, Any] = {}
     for route in ROUTES:
         add_proxied(route)
 
@@ -239,7 +255,9 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                 title=app.title, version=app.version, description=app.description,
                 routes=app.routes,
             )  # fmt: skip
+            document["paths"] = {**proxied_paths, **document["paths"]}
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(_error_schemas())
             for model in BODIES.values():
                 found = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 schemas.update(found.pop("$defs", {}))

@@ -60,9 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=900.0,
         help="seconds from a request's arrival to its response's last byte, streamed or not",
     )
-    p.add_argument(
-        "--index-mb", type=int, default=64, help="byte budget of the block index (MiB)"
-    )
+    p.add_argument("--index-mb", type=int, default=64, help="byte budget of the block index (MiB)")
     p.add_argument(
         "--sessions-mb", type=int, default=16, help="byte budget of the session table (MiB)"
     )

@@ -158,7 +158,7 @@ class Fleet:
     async def close(self) -> None:
         for name in list(self.backends):
             await self._remove(name)
-        self.pool.close()
+        await self.pool.close()
 
     def passive_failure(self, backend: Backend, detail: str) -> None:
         """A request to it failed (connect error, 5xx): no new requests until a probe

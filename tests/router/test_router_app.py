@@ -136,7 +136,7 @@ def test_the_routers_cpu_per_request_is_a_metric(router: str) -> None:
         for line in text.splitlines()
         if line.startswith(("warmfleet_router_request_cpu_time", "process_cpu_time"))
     }
-    assert "warmfleet_router_request_cpu_time_seconds_count" in samples
+    assert "warmfleet_router_request_cpu_time_seconds_total" in samples
     assert 'warmfleet_stage="prepare"' in text and 'warmfleet_stage="route"' in text
     assert "process_cpu_time_seconds_total" in samples
 
