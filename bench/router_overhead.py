@@ -159,19 +159,22 @@ def serve_fake(port: int, layout_file: str) -> None:
 
 
 def system_prompt(tokens: int, layout_file: str) -> str:
-    """A system prompt of about `tokens` tokens in the daemon's own tokenizer."""
+    """A system prompt of at most `tokens` tokens (within 2%) in the daemon's tokenizer."""
     from warmfleet_common.cache_layout import CacheLayout, LayoutTokenizer
 
     tokenizer = LayoutTokenizer(CacheLayout.model_validate_json(Path(layout_file).read_bytes()))
-    words, i = [], 0
-    text = ""
-    while True:
-        chunk = " ".join(f"{WORDS[(i + k) % len(WORDS)]}-{(i + k) % 97}" for k in range(200))
-        words.append(chunk)
-        i += 200
-        text = "You are the on-call agent. Rules: " + " ".join(words)
-        if len(tokenizer.encode(text, add_special_tokens=False)) >= tokens:
-            return text
+
+    def text(words: int) -> str:
+        body = " ".join(f"{WORDS[k % len(WORDS)]}-{k % 97}" for k in range(words))
+        return "You are the on-call agent. Rules: " + body
+
+    words = tokens // 4
+    for _ in range(6):  # scale the word count towards the target
+        count = len(tokenizer.encode(text(words), add_special_tokens=False))
+        if 0.98 * tokens <= count <= tokens:
+            break
+        words = max(1, int(words * tokens / count * (0.99 if count > tokens else 1.0)))
+    return text(words)
 
 
 async def drive(urls: list[str], system: str, concurrency: int, count: int) -> dict[str, float]:
