@@ -53,6 +53,7 @@ RECENT_DECISIONS = 100
 class ProxyOptions:
     request_timeout: float = 900.0  # seconds from arrival to the response's last byte
     max_response_bytes: int = 64 << 20  # a non-streamed response body
+    buffer_bytes: int = 256 << 10  # held to read a body's usage; larger ones pass on
     max_error_bytes: int = 64 << 10  # the part of a 5xx body kept for the log
 
 

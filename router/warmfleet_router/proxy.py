@@ -206,23 +206,24 @@ async def _relay(
 
     if not streaming:
         try:
-            content = await within(_rest(first, chunks, options.max_response_bytes))
+            content, whole = await within(_head(first, chunks, options.buffer_bytes))
         except httpx.HTTPError as exc:
+            await upstream.aclose()
             fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
             finish("failed", None, first_byte)
             raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
-        except bounded.TooLarge as exc:
-            finish("too_large", None, first_byte)
-            fleet.metrics.read_error(backend, "response", type(exc).__name__)
-            message = (
-                f"the backend {backend.name} answered more than {options.max_response_bytes} bytes"
-            )
-            raise _Answered(error_response(502, message, "backend_response_too_large")) from exc
-        finally:
+        if whole:  # the usual case: the whole body in hand, its usage read
             await upstream.aclose()
-        usage = _usage_of(content, route) if upstream.status_code == 200 else None
-        finish("ok" if upstream.status_code < 400 else "client_error", usage, first_byte)
-        return Response(content, status_code=upstream.status_code, headers=out_headers)
+            usage = _usage_of(content, route) if upstream.status_code == 200 else None
+            finish("ok" if upstream.status_code < 400 else "client_error", usage, first_byte)
+            return Response(content, status_code=upstream.status_code, headers=out_headers)
+        # Larger: passed on as it comes (so each request holds one buffer, not its body),
+        # up to max_response_bytes; its usage is not read.
+        return StreamingResponse(
+            _pass_on(fleet, backend, upstream, content, chunks, deadline, finish, first_byte),
+            status_code=upstream.status_code,
+            headers=out_headers,
+        )
 
     async def relay() -> AsyncIterator[bytes]:
         usage = _UsageScanner(route)
@@ -257,15 +258,58 @@ async def _relay(
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
 
 
-async def _rest(first: bytes, chunks: AsyncIterator[bytes], limit: int) -> bytes:
-    """A non-streamed body: `first` and the rest, at most `limit` bytes."""
+async def _head(first: bytes, chunks: AsyncIterator[bytes], limit: int) -> tuple[bytes, bool]:
+    """A non-streamed body's first `limit` bytes or so, and whether that is all of it."""
     parts, size = [first], len(first)
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            raise bounded.TooLarge(f"over the {limit} byte limit")
+    while size <= limit:
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            return b"".join(parts), True
         parts.append(chunk)
-    return b"".join(parts)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
+async def _pass_on(
+    fleet: Fleet,
+    backend: Backend,
+    upstream: httpx.Response,
+    head: bytes,
+    chunks: AsyncIterator[bytes],
+    deadline: float,
+    finish: Finish,
+    first_byte: float,
+) -> AsyncIterator[bytes]:
+    """The rest of a large non-streamed body, chunk by chunk, within the request's
+    deadline and `max_response_bytes` (past either, the connection is closed: the
+    status line has gone out)."""
+    limit = fleet.options.proxy.max_response_bytes
+    outcome, size, chunk = "cancelled", 0, head
+    try:
+        while True:
+            size += len(chunk)
+            if size > limit:
+                outcome = "too_large"
+                fleet.metrics.read_error(backend, "response", "TooLarge")
+                log.warning("backend %s: a response over %d bytes; cut", backend.name, limit)
+                raise bounded.TooLarge(f"{backend.name}: a response over {limit} bytes")
+            yield chunk
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                following = await anext(chunks, None)
+            if following is None:
+                outcome = "ok" if upstream.status_code < 400 else "client_error"
+                return
+            chunk = following
+    except TimeoutError:
+        outcome = "timeout"
+        raise
+    except httpx.HTTPError as exc:
+        outcome = "cut"
+        fleet.passive_failure(backend, f"body cut: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        await upstream.aclose()
+        finish(outcome, None, first_byte)
 
 
 async def _first_progress(chunks: AsyncIterator[bytes], route: ProxiedRoute) -> bytes:
