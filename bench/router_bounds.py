@@ -4,7 +4,7 @@ resident size at idle, then the most it reaches while each case runs for `--seco
 Cases (a fake backend for each, aiohttp): an endless chat body, an endless 500 body,
 one endless line on /v1/cache/events, an endless /v1/cache/snapshot, an endless
 /v1/models and /v1/status, a flood of distinct `stored` events, a chat that trickles a
-byte at a time, and clients sending 60 KB session keys. Requests are sent 8 at a time
+byte at a time, clients sending 60 KB session keys, and 7 MB requests. Requests are sent 8 at a time
 throughout (non-streamed, except for the trickle); the router runs with its defaults.
 
     .venv/bin/python bench/router_bounds.py --seconds 20
@@ -33,6 +33,7 @@ CASES = (
     "stored-flood",
     "trickling-chat",
     "huge-session-keys",
+    "7mb-requests",
 )
 CHUNK = b"x" * 65536
 
@@ -127,7 +128,8 @@ async def load(url: str, case: str, seconds: float) -> int:
                 headers = {}
                 if case == "huge-session-keys":
                     headers["x-session-affinity"] = f"{i}-{sent}-" + "k" * 60_000
-                body = {"model": "m", "messages": [{"role": "user", "content": f"hi {sent}"}]}
+                content = f"hi {sent} " + ("x" * (7 << 20) if case == "7mb-requests" else "")
+                body = {"model": "m", "messages": [{"role": "user", "content": content}]}
                 sent += 1
                 try:
                     async with session.post(f"{url}/v1/chat/completions", json=body,

@@ -132,6 +132,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                 return too_large
             parts.append(part)
         raw = b"".join(parts)
+        parts.clear()  # one copy of a large body, not two
         # The client may leave before the response begins (during a long prefill): then
         # the backend request is cancelled (its connection closed) and leaves in-flight.
         work = asyncio.ensure_future(forward(fleet(), route, raw, dict(request.headers)))

@@ -1,19 +1,21 @@
 """A key worker: `python -m warmfleet_router.worker LAYOUT_DIR`. Reads framed jobs on
-stdin (8-byte big-endian length, then a pickle of (kind, payload)) and answers each, in
-order, on stdout the same way. Kinds: "prepare" (a `prepare.Job`) and "load" (build a
+stdin (8-byte big-endian length, a pickle of (kind, payload), then 8-byte length and
+the request body for a job that has one) and answers each, in order, on stdout (length,
+pickle). Kinds: "prepare" (a `prepare.Job`) and "load" (build a
 layout's keyer now). The router writes the pickles itself; nothing else reaches this
 pipe."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import pickle
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from warmfleet_router.prepare import KeyerCache, prepare
+from warmfleet_router.prepare import Job, KeyerCache, prepare
 
 HEADER = 8
 
@@ -25,6 +27,9 @@ def serve(directory: Path, source: BinaryIO, sink: BinaryIO) -> None:
         if len(header) < HEADER:
             return  # the router closed the pipe: it is stopping
         kind, payload = pickle.loads(source.read(int.from_bytes(header, "big")))
+        raw = source.read(int.from_bytes(source.read(HEADER), "big"))
+        if raw and isinstance(payload, Job):
+            payload = dataclasses.replace(payload, raw=raw)
         answer: Any = None  # the router prepares such a request itself
         try:
             if kind == "prepare":

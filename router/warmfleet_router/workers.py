@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -71,10 +72,17 @@ class _Worker:
         process = self._process
         assert process is not None and process.stdin is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # A body goes after its job, not inside its pickle: no copy of a large body more.
+        raw = payload.raw if isinstance(payload, Job) else b""
+        if raw:
+            payload = dataclasses.replace(payload, raw=b"")
         data = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
         self._pending.append(future)
         try:
-            process.stdin.write(len(data).to_bytes(_HEADER, "big") + data)
+            process.stdin.write(len(data).to_bytes(_HEADER, "big"))
+            process.stdin.write(data)
+            process.stdin.write(len(raw).to_bytes(_HEADER, "big"))
+            process.stdin.write(raw)
             await process.stdin.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerGone(f"{self.name}: {exc}") from exc
