@@ -4,4 +4,5 @@ import sys
 
 from warmfleet_cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not again in the router's spawned worker processes
+    sys.exit(main())

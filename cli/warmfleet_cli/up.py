@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             if dead is not None:
                 _say(f"{dead.name} exited with {dead.process.returncode}; stopping the fleet")
                 return 1
-            if not ready_said and _fleet_ready(base, args.nodes):
+            if not ready_said and _fleet_ready(base, args.nodes, token):
                 ready_said = True
                 _say(f"ready: OPENAI_BASE_URL={base}/v1 (Ctrl-C stops everything)")
             time.sleep(0.2)
@@ -217,9 +217,10 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _fleet_ready(base: str, nodes: int) -> bool:
+def _fleet_ready(base: str, nodes: int, token: str) -> bool:
     try:
-        body = httpx.get(f"{base}/v1/router/status", timeout=2).json()
+        auth = {"Authorization": f"Bearer {token}"}  # the detail is the admin's
+        body = httpx.get(f"{base}/v1/router/status", headers=auth, timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return False
     ready = [b for b in body.get("backends", []) if b.get("health") == "ready"]

@@ -23,9 +23,11 @@ from typing import Any
 import httpx
 import yaml
 
+from warmfleet_common import bounded
 from warmfleet_common.crd import API_VERSION, SecretRef, warmpromptsets_path
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+WATCH_LINE_BYTES = 4 << 20
 
 
 class LoginError(Exception):
@@ -274,12 +276,13 @@ class KubeClient:
             if r.status_code == 410:
                 raise WatchExpired(f"{path} at {resource_version}: 410 Gone")
             r.raise_for_status()
-            async for line in r.aiter_lines():
+            # etcd holds objects up to 1.5 MiB: no event line is longer than that.
+            async for line in bounded.lines(r.aiter_bytes(), WATCH_LINE_BYTES, what=path):
                 if not line.strip():
                     continue
                 event = json.loads(line)
                 if not isinstance(event, dict):
-                    raise ValueError(f"watch {path}: not an event: {line[:200]}")
+                    raise ValueError(f"watch {path}: not an event: {line[:200]!r}")
                 if event.get("type") == "ERROR":
                     status = event.get("object") or {}
                     if status.get("code") == 410:

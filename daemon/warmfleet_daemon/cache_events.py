@@ -16,8 +16,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
+from warmfleet_common.wire import (
+    BlockEvicted,
+    BlockStored,
+    CacheChange,
+    CacheCleared,
+    SnapshotBlock,
+)
 from warmfleet_daemon.prefix_cache import BlockView
 
 P = TypeVar("P")
@@ -38,18 +45,19 @@ class CacheEvent:
     end: int | None = None
     logits: bool | None = None  # the block holds its chunk's last-position logits
 
-    def as_json(self) -> dict[str, Any]:
+    def as_wire(self) -> CacheChange:
+        """The line `GET /v1/cache/events` sends for it."""
         if self.type == "cleared":
-            return {"seq": self.seq, "type": self.type}
-        return {
-            "seq": self.seq,
-            "type": self.type,
-            "key": self.key,
-            "parent": self.parent,
-            "start": self.start,
-            "end": self.end,
-            "logits": self.logits,
-        }
+            return CacheCleared(seq=self.seq)
+        kind = BlockStored if self.type == "stored" else BlockEvicted
+        return kind(
+            seq=self.seq,
+            key=self.key or "",
+            parent=self.parent,
+            start=self.start,
+            end=self.end,
+            logits=bool(self.logits),
+        )
 
 
 class Subscription:
@@ -131,12 +139,13 @@ class CacheEventLog(Generic[P]):
         with self._lock:
             self._subscribers.discard(subscription)
 
-    def block_json(self, block: BlockView[P]) -> dict[str, Any]:
-        return {
-            "key": block.key.hex(),
-            "parent": block.parent.hex() if block.parent is not None else None,
-            "start": block.start,
-            "end": block.end,
-            "logits": self._has_logits(block.payload),
-            "pinned": block.pinned,
-        }
+    def block_wire(self, block: BlockView[P]) -> SnapshotBlock:
+        """The entry `GET /v1/cache/snapshot` lists for it."""
+        return SnapshotBlock(
+            key=block.key.hex(),
+            parent=block.parent.hex() if block.parent is not None else None,
+            start=block.start,
+            end=block.end,
+            logits=self._has_logits(block.payload),
+            pinned=block.pinned,
+        )

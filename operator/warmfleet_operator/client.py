@@ -7,16 +7,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from warmfleet_common.contract import WarmSetSpec, WarmSetStatus
 from warmfleet_common.crd import Node, SecretRef, SetKey
 from warmfleet_common.kube import SecretError
+from warmfleet_common.wire import DaemonStatus
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 class DaemonError(Exception):
@@ -101,9 +103,9 @@ class DaemonClient:
             return False
         return r.status_code == 200
 
-    async def status(self, node: Node) -> dict[str, Any]:
+    async def status(self, node: Node) -> DaemonStatus:
         r = await self._call(node, "GET", "/v1/status", ok=(200,))
-        return dict(r.json())
+        return _parse(DaemonStatus, r)
 
     async def _call(
         self, node: Node, method: str, path: str, *, ok: tuple[int, ...], json: Any = None
@@ -138,9 +140,9 @@ class DaemonClient:
         raise error
 
 
-def _parse(model: type[WarmSetStatus], r: httpx.Response) -> WarmSetStatus:
+def _parse(model: type[M], r: httpx.Response) -> M:
     try:
-        return model.model_validate(r.json())
+        return model.model_validate_json(r.content)
     except (ValueError, ValidationError) as exc:
         raise DaemonError(f"{r.request.url}: unexpected answer: {exc}", status=502) from exc
 

@@ -12,10 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from warmfleet_common.contract import WarmSetSpec, WarmSetStatus
 from warmfleet_common.crd import Node, SetKey
+from warmfleet_common.wire import StatusCache
 from warmfleet_operator import reconcile
 from warmfleet_operator.client import DaemonClient, DaemonError
 from warmfleet_operator.objects import InvalidSpec, Observation, Push, Remove
@@ -257,31 +256,31 @@ class Service:
                 "error": message,
                 "conditions": [_condition("Reachable", False, "Unreachable", message)],
             }
-        instance = str(status.get("instance_id") or "")
+        instance = status.instance_id or ""
         if instance and self._instances.get(node.url) not in (None, instance):
             self.restarted(node)
         if instance:
             self._instances[node.url] = instance
-        cache = status.get("cache") or {}
-        rate = float(cache.get("hit_rate") or 0.0)
-        warm_sets = status.get("warm_sets")
-        if isinstance(warm_sets, list):
+        cache = status.cache or StatusCache()
+        rate = cache.hit_rate
+        warm_sets = status.warm_sets
+        if warm_sets is not None:
             self.held.record(node, warm_sets)
         else:  # a reduced status (not authorized for the detail): ask set by set
             self.held.forget(node)
         result: dict[str, Any] = {
             "reachable": True,
             "lastProbe": stamp,
-            "model": (status.get("model") or {}).get("id"),
+            "model": status.model.id if status.model is not None else None,
             "instanceId": instance or None,
-            "startedAt": status.get("started_at"),
-            "cacheBytes": int(cache.get("bytes") or 0),
-            "cacheBudgetBytes": int(cache.get("budget_bytes") or 0),
+            "startedAt": status.started_at,
+            "cacheBytes": cache.bytes,
+            "cacheBudgetBytes": cache.budget_bytes,
             "hitRate": round(rate, 4),
             "hitRatePercent": f"{rate * 100:.1f}%",
             "warmSets": (
-                sorted(f"{s['namespace']}/{s['name']}" for s in warm_sets)
-                if isinstance(warm_sets, list)
+                sorted(f"{s.namespace}/{s.name}" for s in warm_sets)
+                if warm_sets is not None
                 else None  # not shown to us: unknown, not empty
             ),
             "conditions": [
@@ -373,24 +372,13 @@ class HeldSets:
     def __init__(self, max_age: float) -> None:
         self.max_age = max_age
         self._nodes: dict[str, tuple[float, dict[SetKey, WarmSetStatus]]] = {}
-        self._raw: dict[str, list[Any]] = {}  # the last probe's list, as received
         # Per node, the sets whose state the last probe found different from what was
         # known (from the probe before, or our own pushes and deletes since).
         self.changed: dict[str, set[SetKey]] = {}
 
-    def record(self, node: Node, warm_sets: Iterable[Mapping[str, Any]]) -> None:
-        raw = list(warm_sets)
+    def record(self, node: Node, warm_sets: Iterable[WarmSetStatus]) -> None:
+        parsed = list(warm_sets)
         self.changed[node.url] = set()
-        if node.url in self._nodes and self._raw.get(node.url) == raw:
-            # Unchanged since the last probe (the usual case): no parsing again.
-            self._nodes[node.url] = (time.monotonic(), self._nodes[node.url][1])
-            return
-        self._raw[node.url] = raw
-        try:
-            parsed = [WarmSetStatus.model_validate(s) for s in raw]
-        except ValidationError:  # a daemon of another version: ask it set by set
-            self.forget(node)
-            return
         before = self._nodes.get(node.url, (0.0, {}))[1]
         held = {SetKey(s.namespace, s.name): s for s in parsed}
         self._nodes[node.url] = (time.monotonic(), held)
@@ -410,7 +398,6 @@ class HeldSets:
         return dict(self._nodes.get(node.url, (0.0, {}))[1])
 
     def update(self, node: Node, key: SetKey, status: WarmSetStatus | None) -> None:
-        self._raw.pop(node.url, None)  # the next probe is parsed in full
         if node.url in self._nodes:
             held = self._nodes[node.url][1]
             if status is None:
@@ -420,7 +407,6 @@ class HeldSets:
 
     def forget(self, node: Node) -> None:
         self._nodes.pop(node.url, None)
-        self._raw.pop(node.url, None)
         self.changed.pop(node.url, None)
 
 

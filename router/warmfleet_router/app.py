@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -12,19 +13,68 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from httpx_aiohttp import AiohttpTransport
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
-from warmfleet_common import __version__
+from warmfleet_common import __version__, bounded
 from warmfleet_router.discovery import Source
+from warmfleet_router.errors import error_body, error_response
 from warmfleet_router.fleet import Fleet, RouterOptions
 from warmfleet_router.metrics import RouterMetrics
-from warmfleet_router.proxy import error_body, forward
+from warmfleet_router.proxy import forward
+from warmfleet_router.routes import BODIES, ROUTES, ProxiedRoute
 
 log = logging.getLogger(__name__)
 
 DISCOVERY_WAIT = 10.0  # seconds the router waits at start for its first backend list
 MAX_REQUEST_BYTES = 8 << 20  # the daemons' default limit: larger bodies would fail there
+MODELS_BYTES = 1 << 20  # of one backend's /v1/models
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The error body of every route (OpenAI's shape, the daemons' own)."""
+
+    error: ErrorDetail
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+def _proxied_answers() -> dict[int, dict[str, Any]]:
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    answers: dict[int, dict[str, Any]] = {
+        200: {
+            "description": "The backend's answer: JSON, or a text/event-stream when `stream`",
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    }
+    # The backends' own (400 invalid, 404 unknown model, 413, 499 client gone, 503 not
+    # ready) and the router's (502 every backend failed, 504 request timeout).
+    for code in (400, 404, 413, 499, 502, 503, 504):
+        answers[code] = {"description": "An error, in OpenAI's shape", "content": error}
+    return answers
+
+
+def _error_schemas() -> dict[str, Any]:
+    found = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {**found.pop("$defs", {}), "ErrorResponse": found}
 
 
 def create_app(source: Source, options: RouterOptions) -> FastAPI:
@@ -33,16 +83,20 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+        # httpx's API over aiohttp's connection pool and C parser: httpcore's pool looked
+        # at every connection on every request (bench/router_overhead.py, PERFORMANCE.md).
+        transport = AiohttpTransport(limits=limits)
+        async with httpx.AsyncClient(transport=transport, timeout=30.0) as client:
             metrics = RouterMetrics()
             fleet = Fleet(options, client, metrics)
             holder["fleet"] = fleet
+            await fleet.pool.start()
             follower = asyncio.create_task(fleet.follow(source), name="discovery")
-            # Start with the backends known (an API server down at start: none yet).
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(fleet.discovered.wait()), DISCOVERY_WAIT)
-            await fleet.first_checks()
             try:
+                # Start with the backends known (an API server down at start: none yet).
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fleet.discovered.wait()), DISCOVERY_WAIT)
+                await fleet.first_checks()
                 yield
             finally:
                 follower.cancel()
@@ -63,32 +117,61 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     def fleet() -> Fleet:
         return holder["fleet"]
 
-    async def proxied(request: Request, path: str, route: str) -> Response:
-        too_large = JSONResponse(
-            error_body(413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
-                       "invalid_request_error"),
-            status_code=413,
+    async def proxied(request: Request, route: ProxiedRoute) -> Response:
+        too_large = error_response(
+            413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
+            "invalid_request_error",
         )  # fmt: skip
-        if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
+        declared = request.headers.get("content-length") or ""
+        if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
             return too_large
-        raw = await request.body()
-        if len(raw) > MAX_REQUEST_BYTES:
-            return too_large
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_REQUEST_BYTES:
+                return too_large
+            parts.append(part)
+        raw = b"".join(parts)
+        parts.clear()  # one copy of a large body, not two
+        # The client may leave before the response begins (during a long prefill): then
+        # the backend request is cancelled (its connection closed) and leaves in-flight.
+        work = asyncio.ensure_future(forward(fleet(), route, raw, dict(request.headers)))
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            body: Any = json.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            body = None
-        return await forward(fleet(), path, route, raw, body, dict(request.headers))
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(work, gone, return_exceptions=True)
+        if work.cancelled():
+            return error_response(499, "the client closed the request", "client_closed")
+        return work.result()
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await proxied(request, "/v1/chat/completions", "chat")
+    def add_proxied(route: ProxiedRoute) -> None:
+        async def endpoint(request: Request) -> Response:
+            return await proxied(request, route)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await proxied(request, "/v1/completions", "completion")
+        # A plain Starlette route: FastAPI's request handling cost a fifth of the router's
+        # CPU per request, for a body it does not parse (the document is written below).
+        app.router.routes.append(Route(route.path, endpoint, methods=["POST"], name=route.name))
+        body = {"$ref": f"#/components/schemas/{BODIES[route.name].__name__}"}
+        proxied_paths[route.path] = {
+            "post": {
+                "summary": f"Proxied to the chosen backend's {route.path}",
+                "operationId": route.name,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": {str(code): answer for code, answer in _proxied_answers().items()},
+            }
+        }
+
+    proxied_paths: dict[str, Any] = {}
+    for route in ROUTES:
+        add_proxied(route)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -98,22 +181,25 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
 
         async def one(url: str) -> list[dict[str, Any]]:
             try:
-                r = await current.client.get(f"{url}/v1/models", timeout=5.0)
-                data = r.json().get("data", []) if r.status_code == 200 else []
-                return [m for m in data if isinstance(m, dict) and "id" in m]
-            except (httpx.HTTPError, ValueError, AttributeError):
+                answer = await bounded.get(
+                    current.client, f"{url}/v1/models", limit=MODELS_BYTES, deadline=5.0
+                )
+                body = json.loads(answer.content) if answer.status == 200 else {}
+                data = body.get("data") if isinstance(body, dict) else None
+            except (httpx.HTTPError, ValueError, bounded.TooSlow, RecursionError):
                 return []
+            return [m for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
         for found in await asyncio.gather(*(one(b.url) for b in current.usable())):
             for m in found:
-                seen.setdefault(str(m["id"]), m)
+                seen.setdefault(m["id"], m)
         return JSONResponse({"object": "list", "data": list(seen.values())})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "No backend is ready"}})
     async def readyz() -> JSONResponse:
         ready = [b.name for b in fleet().usable()]
         if not ready:
@@ -122,16 +208,71 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
             )
         return JSONResponse({"status": "ready", "ready_backends": ready})
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    )
     async def metrics() -> Response:
         return Response(fleet().metrics.prometheus_text(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/router/status")
-    async def status() -> dict[str, Any]:
-        return fleet().status()
+    @app.get("/v1/router/status", responses=_errors(401, 403))
+    async def status(request: Request) -> JSONResponse:
+        """Counts only, unless the admin token (when one is configured) is sent: then
+        backends (URLs, health, errors, warm sets), the index and recent decisions
+        (session keys as hashes, never as sent)."""
+        token = options.admin_token
+        header = request.headers.get("authorization")
+        if token and header is None:
+            return JSONResponse(fleet().summary())
+        if token:
+            scheme, _, given = (header or "").partition(" ")
+            if scheme.lower() != "bearer" or not given:
+                return error_response(
+                    401, "the detail needs the admin token: Authorization: Bearer <token>",
+                    "missing_token", "authentication_error",
+                )  # fmt: skip
+            if not hmac.compare_digest(given.strip().encode(), token.encode()):
+                return error_response(
+                    403, "the admin token is not valid", "invalid_token", "permission_error"
+                )
+        return JSONResponse(fleet().status())
 
-    @app.exception_handler(404)
-    async def not_found(_: Request, __: Exception) -> JSONResponse:
-        return JSONResponse(error_body(404, "no such route", "not_found", "not_found_error"), 404)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        code = "not_found" if exc.status_code == 404 else None
+        return JSONResponse(error_body(message, code, kind), exc.status_code)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body("invalid request", None, "invalid_request_error"), 400)
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document with the proxied routes' body schemas."""
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description,
+                routes=app.routes,
+            )  # fmt: skip
+            document["paths"] = {**proxied_paths, **document["paths"]}
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(_error_schemas())
+            for model in BODIES.values():
+                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(found.pop("$defs", {}))
+                schemas[model.__name__] = found
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has closed the connection (the body is read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

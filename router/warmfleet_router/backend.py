@@ -35,11 +35,14 @@ class Backend:
     # The model names it answers to (its /v1/models ids and, for a warmfleet daemon, the
     # aliases its /v1/status lists); None: unknown (not read yet, or it lists none).
     models: frozenset[str] | None = None
+    context_length: int | None = None  # tokens; None: it has not said
     resyncs: int = 0
     warm_sets: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
     failures: int = 0
     last_error: str = ""
+    # What could not be read from it lately and why (what -> reason), for the status.
+    problems: dict[str, str] = field(default_factory=dict)
     last_change: float = field(default_factory=time.time)
 
     @property

@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--admin-token-file",
-        help="the daemons' admin token (for their cache events, status and warm sets); "
-        "also WARMFLEET_ADMIN_TOKEN. WarmNodes naming a Secret use theirs",
+        help="the daemons' admin token (for their cache events, status and warm sets), also "
+        "asked of callers of /v1/router/status's detail; also WARMFLEET_ADMIN_TOKEN. "
+        "WarmNodes naming a Secret use theirs",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -37,6 +38,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_EPSILON,
         help="bounded load: no backend above (1 + epsilon) x the mean in-flight",
+    )
+    p.add_argument(
+        "--session-key",
+        action="append",
+        metavar="SOURCE",
+        help="where a request's session key is, first found wins: header:NAME or "
+        "body:FIELD[.FIELD...]; repeatable (default: header:x-session-affinity, "
+        "header:x-prefix-hash)",
+    )
+    p.add_argument(
+        "--key-workers",
+        type=int,
+        default=2,
+        help="processes that parse, check and tokenize requests (off the event loop); "
+        "bodies over 256 KiB have one of them to themselves; 0: threads of the router",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=900.0,
+        help="seconds from a request's arrival to its response's last byte, streamed or not",
+    )
+    p.add_argument("--index-mb", type=int, default=64, help="byte budget of the block index (MiB)")
+    p.add_argument(
+        "--sessions-mb", type=int, default=16, help="byte budget of the session table (MiB)"
     )
     p.add_argument(
         "--health-interval", type=float, default=2.0, help="seconds between /readyz probes"
@@ -54,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     from warmfleet_router.app import create_app
     from warmfleet_router.discovery import ClusterSource, FolderSource, Source, StaticSource
-    from warmfleet_router.fleet import RouterOptions
+    from warmfleet_router.fleet import ProxyOptions, RouterOptions
+    from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys
     from warmfleet_router.sync import SyncOptions
 
     logging.basicConfig(
@@ -64,12 +91,28 @@ def run(args: argparse.Namespace) -> int:
     if args.epsilon < 0:
         print("warmfleet router: --epsilon must be >= 0")
         return 2
+    for name in ("key_workers", "index_mb", "sessions_mb"):
+        if getattr(args, name) < 0:
+            print(f"warmfleet router: --{name.replace('_', '-')} must be >= 0")
+            return 2
+    if args.request_timeout <= 0:
+        print("warmfleet router: --request-timeout must be > 0")
+        return 2
+    session_keys = tuple(args.session_key or DEFAULT_SOURCES)
+    try:
+        SessionKeys(session_keys)
+    except ValueError as exc:
+        print(f"warmfleet router: --session-key: {exc}")
+        return 2
     token = os.environ.get("WARMFLEET_ADMIN_TOKEN") or None
     if args.admin_token_file:
         try:
-            token = Path(args.admin_token_file).read_text().strip() or None
-        except OSError as exc:
+            token = Path(args.admin_token_file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
             print(f"warmfleet router: --admin-token-file: {exc}")
+            return 2
+        if not token:  # as `warmfleet serve` refuses it: an empty token protects nothing
+            print(f"warmfleet router: --admin-token-file {args.admin_token_file} is empty")
             return 2
     try:
         source: Source
@@ -86,6 +129,12 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         epsilon=args.epsilon,
         sync=SyncOptions(health_interval=args.health_interval),
+        session_keys=session_keys,
+        proxy=ProxyOptions(request_timeout=args.request_timeout),
+        index_budget_bytes=args.index_mb << 20,
+        sessions_budget_bytes=args.sessions_mb << 20,
+        key_workers=args.key_workers,
+        admin_token=token,
     )
     app = create_app(source, options)
     print(
@@ -93,6 +142,20 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=False,
+        # uvloop and httptools: a third of the router's CPU per request was asyncio's loop
+        # and h11's parser (bench/router_overhead.py).
+        loop="uvloop" if _importable("uvloop") else "asyncio",
+        http="httptools" if _importable("httptools") else "h11",
     )
     return 0
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import httpx
-
 from warmfleet_common.crd import WARMNODES, Node
 from warmfleet_common.folder import read_folder
 from warmfleet_common.kube import (
@@ -24,7 +22,6 @@ from warmfleet_common.kube import (
     LoginError,
     SecretError,
     WatchExpired,
-    WatchFailed,
     login,
 )
 from warmfleet_router.backend import BackendSpec
@@ -96,12 +93,16 @@ class FolderSource:
 
     async def changes(self) -> AsyncIterator[list[BackendSpec]]:
         last: list[Any] | None = None
+        logged: str | None = None
         while True:
             try:
                 specs = await self.specs()
             except Exception as exc:  # a half-written or bad file: keep what we have
-                log.warning("backend discovery in %s failed: %s", self.directory, exc)
+                if str(exc) != logged:  # once, not every interval
+                    log.warning("backend discovery in %s failed: %s", self.directory, exc)
+                    logged = str(exc)
             else:
+                logged = None
                 if _identity(specs) != last:
                     last = _identity(specs)
                     yield specs
@@ -134,6 +135,9 @@ class ClusterSource:
         self._backoff = backoff
         self._kube = KubeClient(default_namespace=namespace)
         self._unreadable: dict[str, str] = {}  # node -> why its Secret could not be read
+        self.errors = 0  # failed lists and watches (bad answers included)
+        self._logged: str | None = None
+        self._bad_nodes: set[str] = set()
         try:
             self._kube.configure_from(login(in_cluster_first=True))
         except LoginError as exc:
@@ -190,26 +194,38 @@ class ClusterSource:
                             nodes[_name(obj)] = obj
                         changed.set()
                         delay = self._backoff[0]
+                        self._logged = None
                     # The server ended the watch (its timeout): resume where it stopped;
                     # not in a tight loop if it ends them at once.
                     if asyncio.get_running_loop().time() - began < 1.0:
                         await asyncio.sleep(1.0)
             except WatchExpired as exc:
                 log.info("WarmNodes watch: %s; listing again", exc)
-            except (httpx.HTTPError, WatchFailed, ValueError, KeyError, TypeError) as exc:
-                log.warning(
-                    "WarmNodes watch failed (%s: %s); listing again in %.1fs",
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
+            except Exception as exc:  # any answer or event, however malformed: list again
+                self.errors += 1
+                kind = type(exc).__name__
+                if kind != self._logged:  # once per kind of trouble, not at every retry
+                    self._logged = kind
+                    log.warning(
+                        "WarmNodes watch failed (%s: %s); listing again with backoff "
+                        "(logged once per kind)",
+                        kind,
+                        exc,
+                    )
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self._backoff[1])
 
     async def _resolve(self, items: Sequence[dict[str, Any]]) -> list[BackendSpec]:
         out = []
-        for item in sorted(items, key=_name):
-            node = Node.from_object(item)
+        for item in items:
+            try:
+                node = Node.from_object(item)
+            except Exception as exc:  # one malformed WarmNode costs only itself
+                self.errors += 1
+                if str(exc) not in self._bad_nodes:  # once, not at every resolve
+                    self._bad_nodes.add(str(exc))
+                    log.warning("a WarmNode that cannot be read is left out: %s", exc)
+                continue
             token = self._token
             if node.token_ref is not None:
                 try:
@@ -221,7 +237,7 @@ class ClusterSource:
                     self._unreadable[node.name] = str(exc)
                     token = None
             out.append(BackendSpec(node.name, node.url, token, node.labels))
-        return out
+        return sorted(out, key=lambda s: s.name)
 
     async def close(self) -> None:
         await self._kube.close()

@@ -5,9 +5,11 @@ policy; the proxy reports back with `finished()`."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,44 +19,56 @@ import httpx
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
+from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
 from warmfleet_router.index import BlockIndex, Flight
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
-    Keyer,
-    LayoutKeyer,
-    MessageKeyer,
     RequestBlocks,
-    request_blocks,
 )
 from warmfleet_router.metrics import RouterMetrics
-from warmfleet_router.policy import DEFAULT_EPSILON, Candidate, Decision, Policy, Reason, choose
+from warmfleet_router.policy import (
+    DEFAULT_EPSILON,
+    Candidate,
+    Decision,
+    PolicyName,
+    Reason,
+    RoutingRequest,
+    admit,
+    build,
+)
+from warmfleet_router.prepare import Invalid, Job, RequestInvalid
+from warmfleet_router.routes import ProxiedRoute, Usage
+from warmfleet_router.sessions import DEFAULT_BUDGET_BYTES as DEFAULT_SESSIONS_BUDGET
+from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys, SessionTable
 from warmfleet_router.sync import BackendSync, SyncOptions
+from warmfleet_router.workers import KeyingPool
 
 log = logging.getLogger(__name__)
 
-AFFINITY_HEADERS = ("x-session-affinity", "x-prefix-hash")
-MAX_SESSIONS = 100_000
 RECENT_DECISIONS = 100
 
 
 @dataclass(frozen=True)
+class ProxyOptions:
+    request_timeout: float = 900.0  # seconds from arrival to the response's last byte
+    max_response_bytes: int = 64 << 20  # a non-streamed response body
+    buffer_bytes: int = 256 << 10  # held to read a body's usage; larger ones pass on
+    max_error_bytes: int = 64 << 10  # the part of a 5xx body kept for the log
+
+
+@dataclass(frozen=True)
 class RouterOptions:
-    policy: Policy = "prefix"
+    policy: PolicyName = "prefix"
     epsilon: float = DEFAULT_EPSILON
     sync: SyncOptions = field(default_factory=SyncOptions)
-
-
-class Unroutable(Exception):
-    """No backend can take this request: the OpenAI-style error to answer with."""
-
-    def __init__(
-        self, status: int, message: str, code: str, type_: str, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.type, self.param = (
-            status, message, code, type_, param
-        )  # fmt: skip
+    session_keys: tuple[str, ...] = DEFAULT_SOURCES  # where a request's session key is
+    proxy: ProxyOptions = field(default_factory=ProxyOptions)
+    index_budget_bytes: int = DEFAULT_INDEX_BUDGET
+    sessions_budget_bytes: int = DEFAULT_SESSIONS_BUDGET
+    key_workers: int = 0  # processes that prepare requests; 0: threads of this one
+    # The daemons' admin token, also asked of callers of the status's detail.
+    admin_token: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -73,19 +87,25 @@ class Plan:
 
 class Fleet:
     def __init__(
-        self, options: RouterOptions, client: httpx.AsyncClient, metrics: RouterMetrics
+        self,
+        options: RouterOptions,
+        client: httpx.AsyncClient,
+        metrics: RouterMetrics,
+        pool: KeyingPool | None = None,
     ) -> None:
         self.options = options
         self.client = client
         self.metrics = metrics
-        self.index = BlockIndex()
+        self.index = BlockIndex(budget_bytes=options.index_budget_bytes)
         self.backends: dict[str, Backend] = {}
         self._syncs: dict[str, BackendSync] = {}
-        self._keyers: dict[str, Keyer] = {MESSAGE_KEYS: MessageKeyer()}
-        self._keyer_locks: dict[str, asyncio.Lock] = {}
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self.pool = pool if pool is not None else KeyingPool(options.key_workers)
+        self.policy = build(options.policy, options.epsilon)
+        self.session_keys = SessionKeys(options.session_keys)
+        self._sessions = SessionTable(budget_bytes=options.sessions_budget_bytes)
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._turn = 0
+        self._secret = os.urandom(16)  # keys the session hashes the status shows
         self.discovered = asyncio.Event()  # the source's first backend list is applied
         metrics.observe(lambda: list(self.backends.values()), self.index.size)
 
@@ -109,6 +129,7 @@ class Fleet:
                     self.add_layout,
                     self.options.sync,
                     self.metrics.index_event,
+                    self.metrics.read_error,
                 )
                 self.backends[name], self._syncs[name] = backend, sync
                 self.metrics.backend_added(backend)
@@ -138,6 +159,7 @@ class Fleet:
     async def close(self) -> None:
         for name in list(self.backends):
             await self._remove(name)
+        await self.pool.close()
 
     def passive_failure(self, backend: Backend, detail: str) -> None:
         """A request to it failed (connect error, 5xx): no new requests until a probe
@@ -149,101 +171,74 @@ class Fleet:
     # -- layouts ------------------------------------------------------------------
 
     async def add_layout(self, layout: CacheLayout) -> None:
-        if layout.fingerprint in self._keyers:
-            return
-        lock = self._keyer_locks.setdefault(layout.fingerprint, asyncio.Lock())
-        async with lock:
-            if layout.fingerprint in self._keyers:
-                return
-            try:
-                keyer: Keyer = await asyncio.to_thread(LayoutKeyer, layout)
-            except (ValueError, OSError) as exc:
-                log.warning("layout of %s not usable (%s): message keys instead", layout.model, exc)
-                keyer = self._keyers[MESSAGE_KEYS]
-            self._keyers[layout.fingerprint] = keyer
+        """Returns once every worker can key requests for it."""
+        await self.pool.add_layout(layout)
 
-    def _keyer_of(self, backend: Backend) -> Keyer:
-        if backend.fingerprint in self._keyers:  # its own layout (also without events)
-            return self._keyers[backend.fingerprint]
-        # History estimates use the keys of any known layout (same model, same tokens),
-        # else message keys.
-        layouts = [k for f, k in self._keyers.items() if f != MESSAGE_KEYS]
-        return layouts[0] if len(layouts) == 1 else self._keyers[MESSAGE_KEYS]
+    def _fingerprint_of(self, backend: Backend) -> str:
+        """The keys its index entries are in: its own layout's (also without events), or
+        for history estimates the keys of the one known layout (same model, same
+        tokens), else message keys."""
+        usable = self.pool.usable
+        if backend.fingerprint in usable:
+            return backend.fingerprint if usable[backend.fingerprint] else MESSAGE_KEYS
+        if len(usable) == 1:
+            only, ok = next(iter(usable.items()))
+            return only if ok else MESSAGE_KEYS
+        return MESSAGE_KEYS
 
     # -- routing ------------------------------------------------------------------
 
     def usable(self) -> list[Backend]:
         return [b for b in self.backends.values() if b.usable]
 
-    async def plan(
-        self,
-        route: str,
-        body: Mapping[str, Any] | None,
-        headers: Mapping[str, str],
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> Plan:
-        """The decision for one request; Unroutable when no ready backend serves it."""
+    async def plan(self, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]) -> Plan:
+        """The decision for one request: a RoutingError when no ready backend serves it,
+        RequestInvalid when the daemons would refuse it (and the router cannot key it)."""
         arrived = time.monotonic()
-        backends = [b for b in self.usable() if b.name not in exclude]
-        model = body.get("model") if body is not None else None
-        if isinstance(model, str):
-            backends = self._serving(model, backends)
-        if not backends:
-            raise Unroutable(503, "no backend is ready", "no_backend", "service_unavailable")
-        affinity = next((headers[h] for h in AFFINITY_HEADERS if headers.get(h)), None)
-        blocks: dict[str, RequestBlocks] = {}
-        by_keyer: dict[int, RequestBlocks] = {}
-        policy = self.options.policy
-        for backend in backends:
-            keyer = self._keyer_of(backend)
-            if body is None or policy != "prefix":
-                blocks[backend.name] = EMPTY
-                continue
-            if id(keyer) not in by_keyer:
-                by_keyer[id(keyer)] = await asyncio.to_thread(request_blocks, keyer, route, body)
-            blocks[backend.name] = by_keyer[id(keyer)]
+        ready = self.usable()
+        keyed = self.policy.needs_cache
+        fingerprints = sorted({self._fingerprint_of(b) for b in ready}) if keyed else []
+        contexts = [b.context_length for b in ready if b.context_length]
+        job = Job(
+            route.name,
+            raw,
+            tuple(fingerprints),
+            self.session_keys.body_paths,
+            max(contexts) if ready and len(contexts) == len(ready) else None,
+        )
+        prepared = await self.pool.prepare(job)
+        if isinstance(prepared, Invalid):
+            raise RequestInvalid(prepared)
+        cpu_started = time.thread_time()
+        self.metrics.request_cpu(route.name, "prepare", prepared.cpu_seconds)
+        affinity = self.session_keys.of(headers, prepared.session_values)
+        fleet = [_candidate(b) for b in self.backends.values()]
+        admitted = {c.name for c in admit(fleet, RoutingRequest(prepared.model, fleet=fleet))}
+        if prepared.invalid is not None:  # the daemons check the model first, and so do we
+            raise RequestInvalid(prepared.invalid)
+        backends = [b for b in self.backends.values() if b.name in admitted]
+        blocks = {
+            b.name: prepared.blocks.get(self._fingerprint_of(b), EMPTY) if keyed else EMPTY
+            for b in backends
+        }
         candidates = [
             Candidate(b.name, b.in_flight, self.index.predict(b.name, blocks[b.name]))
             for b in backends
         ]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
         self._turn += 1
-        decision = choose(
-            policy,
-            candidates,
-            epsilon=self.options.epsilon,
+        request = RoutingRequest(
+            model=prepared.model,
             tie_key=(affinity.encode() if affinity else tie) or str(self._turn).encode(),
             affinity=affinity,
             session_backend=self._sessions.get(affinity) if affinity else None,
             turn=self._turn,
         )
+        decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
         sources = {b.name: _source(b) for b in backends}
+        self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
         return Plan(decision, blocks, affinity, arrived, predicted, sources)
-
-    def _serving(self, model: str, backends: list[Backend]) -> list[Backend]:
-        """The backends that answer to `model`; those that have not said which models
-        they serve only when none has said it serves this one."""
-        serving = [b for b in backends if b.serves(model)]
-        if serving:
-            return serving
-        unknown = [b for b in backends if b.serves(model) is None]
-        if unknown:
-            return unknown
-        if any(b.serves(model) for b in self.backends.values()):
-            raise Unroutable(
-                503, f"no backend serving `{model}` is ready", "no_backend", "service_unavailable"
-            )
-        if backends:  # as a daemon answers an unknown model
-            raise Unroutable(
-                404,
-                f"The model `{model}` does not exist.",
-                "model_not_found",
-                "not_found_error",
-                "model",
-            )
-        return []
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
@@ -265,7 +260,7 @@ class Fleet:
         reason: Reason,
         *,
         outcome: str,
-        usage: Mapping[str, Any] | None,
+        usage: Usage | None,
         first_byte: float | None,
     ) -> None:
         """A request left `backend` (any outcome): counters, index history, sessions."""
@@ -274,18 +269,12 @@ class Fleet:
         if flight is not None:
             self.index.land(flight)
         predicted = self.index_prediction(plan, backend, reason)
-        prompt_tokens = cached = None
-        if usage:
-            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            cached = int(details.get("cached_tokens") or 0)
+        prompt_tokens = usage.prompt_tokens if usage else None
+        cached = usage.cached_tokens if usage else None
         if outcome == "ok":
             self.index.routed(backend.name, plan.blocks.get(backend.name, EMPTY))
             if plan.affinity:
-                self._sessions[plan.affinity] = backend.name
-                self._sessions.move_to_end(plan.affinity)
-                while len(self._sessions) > MAX_SESSIONS:
-                    self._sessions.popitem(last=False)
+                self._sessions.served(plan.affinity, backend.name)
         source = plan.sources.get(backend.name, _source(backend))
         if source == "events" and flight is not None and flight.contended:
             source = "contended"
@@ -299,7 +288,7 @@ class Fleet:
                 "backend": backend.name,
                 "reason": reason,
                 "outcome": outcome,
-                "session": plan.affinity,
+                "session": self._session_hash(plan.affinity),
                 "predicted_cached_tokens": predicted,
                 "prediction_source": source if predicted is not None else None,
                 "cached_tokens": cached,
@@ -317,10 +306,40 @@ class Fleet:
 
     # -- status -------------------------------------------------------------------
 
+    def _session_hash(self, key: str | None) -> str | None:
+        """A session key as the status shows it: keyed per process, so it tells two
+        decisions' sessions apart without saying (or confirming a guess of) the key."""
+        if key is None:
+            return None
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), key=self._secret)
+        return digest.hexdigest()[:16]
+
+    def summary(self) -> dict[str, Any]:
+        """The status without the admin token: counts only."""
+        backends = list(self.backends.values())
+        return {
+            "policy": self.options.policy,
+            "backends": len(backends),
+            "ready_backends": sum(b.usable for b in backends),
+            "in_flight": sum(b.in_flight for b in backends),
+            "index_blocks": sum(self.index.size(b.name) for b in backends),
+            "sessions": len(self._sessions),
+            "decisions": len(self.decisions),
+        }
+
     def status(self) -> dict[str, Any]:
         return {
             "policy": self.options.policy,
             "epsilon": self.options.epsilon,
+            "index": {
+                "estimated_bytes": self.index.estimated_bytes(),
+                "budget_bytes": self.index.budget_bytes,
+            },
+            "sessions_table": {
+                "bytes": self._sessions.size_bytes,
+                "budget_bytes": self._sessions.budget_bytes,
+                "forgotten": self._sessions.forgotten,
+            },
             "backends": [
                 {
                     "name": b.name,
@@ -338,16 +357,23 @@ class Fleet:
                         "seq": b.seq,
                         "resyncs": b.resyncs,
                         "layout": b.fingerprint,
+                        "dropped_for_budget": self.index.dropped_blocks(b.name),
                     },
                     "models": sorted(b.models) if b.models is not None else None,
+                    "context_length": b.context_length,
                     "warm_sets": b.warm_sets,
                     "last_error": b.last_error,
+                    "problems": dict(b.problems),
                 }
                 for b in sorted(self.backends.values(), key=lambda b: b.name)
             ],
             "sessions": len(self._sessions),
             "decisions": list(self.decisions)[::-1],
         }
+
+
+def _candidate(backend: Backend) -> Candidate:
+    return Candidate(backend.name, backend.in_flight, ready=backend.usable, models=backend.models)
 
 
 def _source(backend: Backend) -> str:

@@ -8,6 +8,12 @@ first). For those, the blocks of the warm sets a backend pins (its admin
 prediction is what the daemon's engine would reuse: the longest run of the request's
 blocks from the first, where the request's final block only counts when it
 holds its logits (the engine needs them to sample the first token).
+
+The index has a byte budget: past it, the backend holding the most entries loses its
+newest precise ones (a snapshot keeps its shallow blocks, the prefixes every longer
+request needs; a flood of `stored` events from one backend costs only that backend) or
+its least recently routed history ones. Each entry is costed at ENTRY_BYTES, measured
+with tracemalloc (a 16-byte key in a dict: ~100 bytes; in an OrderedDict: ~155).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from warmfleet_common.chunking import BlockKey
 from warmfleet_router.keys import RequestBlocks
 
 DEFAULT_HISTORY_BLOCKS = 200_000
+DEFAULT_BUDGET_BYTES = 64 << 20
+ENTRY_BYTES = 160
 
 
 @dataclass(eq=False)
@@ -33,20 +41,29 @@ class Flight:
 
 
 class BlockIndex:
-    def __init__(self, history_blocks: int = DEFAULT_HISTORY_BLOCKS) -> None:
+    def __init__(
+        self,
+        history_blocks: int = DEFAULT_HISTORY_BLOCKS,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    ) -> None:
         self._precise: dict[str, dict[BlockKey, bool]] = {}  # backend -> key -> logits
         self._history: dict[str, OrderedDict[BlockKey, None]] = {}
         self._pinned: dict[str, frozenset[BlockKey]] = {}  # warm, pinned prompts' blocks
         self._flights: dict[str, list[Flight]] = {}  # requests in prefill, per backend
         self._history_blocks = history_blocks
+        self.budget_bytes = budget_bytes
+        self._max_entries = max(1, budget_bytes // ENTRY_BYTES)
+        self.dropped: dict[str, int] = {}  # entries dropped for the budget, per backend
 
     # -- precise: a daemon's cache events ---------------------------------------
 
     def load_snapshot(self, backend: str, blocks: Iterable[tuple[BlockKey, bool]]) -> None:
         self._precise[backend] = dict(blocks)
+        self._keep_budget()
 
     def stored(self, backend: str, key: BlockKey, logits: bool) -> None:
         self._precise.setdefault(backend, {})[key] = logits
+        self._keep_budget()
 
     def evicted(self, backend: str, key: BlockKey) -> None:
         self._precise.get(backend, {}).pop(key, None)
@@ -68,12 +85,50 @@ class BlockIndex:
             seen.move_to_end(key)
         while len(seen) > self._history_blocks:
             seen.popitem(last=False)
+        self._keep_budget()
 
     # -- warm sets: what a backend pins -----------------------------------------
 
     def set_pinned(self, backend: str, keys: Iterable[BlockKey]) -> None:
         """The blocks of every warm prompt of a pinned set on this backend (replaces)."""
         self._pinned[backend] = frozenset(keys)
+        self._keep_budget()
+
+    # -- the budget ---------------------------------------------------------------
+
+    def entries(self) -> int:
+        return (
+            sum(len(d) for d in self._precise.values())
+            + sum(len(d) for d in self._history.values())
+            + sum(len(p) for p in self._pinned.values())
+        )
+
+    def estimated_bytes(self) -> int:
+        """The index's estimated size."""
+        return self.entries() * ENTRY_BYTES
+
+    def _keep_budget(self) -> None:
+        over = self.entries() - self._max_entries
+        if over <= 0:
+            return
+        over += self._max_entries // 20  # to 95%: no trimming at every event after
+        while over > 0:
+            sizes = {
+                b: len(self._precise.get(b, ())) + len(self._history.get(b, ()))
+                for b in self._precise.keys() | self._history.keys()
+            }
+            backend = max(sorted(sizes), key=lambda b: sizes[b], default=None)
+            if backend is None or sizes[backend] == 0:
+                return  # only warm sets left: bounded by their read limit
+            trimmed = 0
+            precise, history = self._precise.get(backend), self._history.get(backend)
+            while over > 0 and precise:
+                precise.popitem()  # the newest: a snapshot keeps its shallow blocks
+                over, trimmed = over - 1, trimmed + 1
+            while over > 0 and history:
+                history.popitem(last=False)  # the least recently routed
+                over, trimmed = over - 1, trimmed + 1
+            self.dropped[backend] = self.dropped.get(backend, 0) + trimmed
 
     # -- requests in prefill: blocks a backend may be computing right now ----------
 
@@ -133,6 +188,9 @@ class BlockIndex:
             if (precise is not None and not precise.get(last, False)) or last not in held:
                 run -= 1
         return blocks.ends[run - 1] if run else 0
+
+    def dropped_blocks(self, backend: str) -> int:
+        return self.dropped.get(backend, 0)
 
     def size(self, backend: str) -> int:
         """Blocks known on this backend (events or history, and its warm sets')."""

@@ -1,8 +1,10 @@
-"""A request's cache block keys, computed exactly as a daemon's engine computes them.
+"""A prompt's cache block keys, computed exactly as a daemon's engine computes them.
 
-With a daemon's `CacheLayout` the router renders and tokenizes the request with the
-daemon's own `PromptBuilder` and plans chunks with its chunk planner, so a key here is
-the key of the block the daemon stores. Backends that serve no layout (any other
+A route turns a request body into a `Prompt` (a chat: OpenAI-shaped messages and tools,
+as the daemon hands them to its chat template; or a completion's text or token ids);
+see `routes`. With a daemon's `CacheLayout` the router renders and tokenizes it with
+the daemon's own `PromptBuilder` and plans chunks with its chunk planner, so a key here
+is the key of the block the daemon stores. Backends that serve no layout (any other
 OpenAI server) get message-level keys instead: one chained block per message, sized in
 characters / 4; only the router's own routing history knows those.
 """
@@ -15,12 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
-from warmfleet_common.cache_layout import CacheLayout, LayoutTokenizer
+from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.chunking import BlockKey, chain_key, plan_chunks, root_key
-from warmfleet_common.contract import ChatMessage, ToolDefinition
 from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
+from warmfleet_router.tokenizing import FastLayoutTokenizer
 
 MESSAGE_KEYS = "messages"  # the fingerprint of message-level keys
 
@@ -41,6 +41,24 @@ class RequestBlocks:
 EMPTY = RequestBlocks((), (), 0)
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Messages and tools as the daemon hands them to its chat template."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """A completion's prompt: text, or token ids."""
+
+    prompt: str | Sequence[int]
+
+
+Prompt = ChatPrompt | TextPrompt
+
+
 class Keyer(Protocol):
     fingerprint: str
 
@@ -51,12 +69,26 @@ class Keyer(Protocol):
     def completion(self, prompt: str | Sequence[int]) -> RequestBlocks: ...
 
 
+def prompt_blocks(keyer: Keyer, prompt: Prompt) -> RequestBlocks:
+    """The blocks of a prompt; EMPTY when it cannot be rendered (the daemon will answer
+    the request with its own 400)."""
+    try:
+        if isinstance(prompt, ChatPrompt):
+            return keyer.chat(prompt.messages, prompt.tools)
+        return keyer.completion(prompt.prompt)
+    except (KeyError, TypeError, ValueError, PromptError):
+        return EMPTY
+
+
 class LayoutKeyer:
     """Keys of one daemon layout (tokenizer, template, chunk size, root)."""
 
     def __init__(self, layout: CacheLayout) -> None:
         self.fingerprint = layout.fingerprint
-        self._prompts = PromptBuilder(LayoutTokenizer(layout))
+        tokenizer = FastLayoutTokenizer(layout)
+        self.vocab_size = tokenizer.vocab_size  # as a daemon counts it: added tokens too
+        self.max_token_bytes = tokenizer.max_token_bytes  # of its longest token
+        self._prompts = PromptBuilder(tokenizer)
         self._root = bytes.fromhex(layout.root)
         self._block_size = layout.block_size
 
@@ -109,36 +141,3 @@ class MessageKeyer:
 
 def _text_key(parent: BlockKey, text: str) -> BlockKey:
     return chain_key(parent, list(hashlib.blake2b(text.encode(), digest_size=16).digest()))
-
-
-def request_blocks(keyer: Keyer, route: str, body: Mapping[str, Any]) -> RequestBlocks:
-    """The blocks of a chat or completion body; EMPTY when the body cannot be rendered
-    (the daemon will answer it with its own 400)."""
-    try:
-        if route == "chat":
-            messages = [
-                ChatMessage.model_validate(m).as_template_message() for m in body["messages"]
-            ]
-            raw_tools = body.get("tools") or None
-            tools = (
-                [ToolDefinition.model_validate(t).model_dump(exclude_none=True) for t in raw_tools]
-                if raw_tools
-                else None
-            )
-            return keyer.chat(messages, tools)
-        prompt = single_prompt(body.get("prompt"))
-        return keyer.completion(prompt) if prompt is not None else EMPTY
-    except (KeyError, TypeError, ValueError, ValidationError, PromptError):
-        return EMPTY
-
-
-def single_prompt(prompt: Any) -> str | list[int] | None:
-    """`prompt` as the daemon reads it: a string, token ids, or a list of one of those."""
-    if isinstance(prompt, str):
-        return prompt or None
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) for t in prompt):
-            return [int(t) for t in prompt]
-        if len(prompt) == 1:
-            return single_prompt(prompt[0])
-    return None

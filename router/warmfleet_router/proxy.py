@@ -1,22 +1,33 @@
 """Forwarding one request: the plan's backend, one retry on the next best if it fails
 before the first byte, the response passed through as it arrives (streams chunk by
 chunk, never buffered), `x-warmfleet-backend` on every response, and an OpenAI-style
-error event when a stream is cut after its first byte."""
+error event when a stream is cut after its first byte.
+
+Bounded: a whole request (streamed or not) ends by `ProxyOptions.request_timeout` after
+it arrived (504 before the response began, an error event in a stream after); a
+non-streamed body over `max_response_bytes` is a 502 and an error body is read up to
+`max_error_bytes`; a stream is relayed chunk by chunk, holding at most its opening
+event (up to 1 MiB) back."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
+import anyio
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
+from warmfleet_common import bounded
 from warmfleet_router.backend import Backend
-from warmfleet_router.fleet import Fleet, Plan, Unroutable
-from warmfleet_router.policy import Reason
+from warmfleet_router.errors import error_body, error_response, invalid_request, routing_error
+from warmfleet_router.fleet import Fleet, Plan
+from warmfleet_router.policy import Reason, RoutingError
+from warmfleet_router.prepare import RequestInvalid
+from warmfleet_router.routes import ProxiedRoute, Usage
 
 log = logging.getLogger(__name__)
 
@@ -38,35 +49,29 @@ _HOP = {
 _PASSED_BACK = ("content-type", "content-encoding", "cache-control", "x-request-id")
 
 
+T = TypeVar("T")
+
+
 class UpstreamFailed(Exception):
     """The backend failed before sending anything: safe to retry elsewhere."""
 
 
-def error_body(
-    status: int,
-    message: str,
-    code: str,
-    type_: str = "service_unavailable",
-    param: str | None = None,
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+class _Answered(Exception):
+    """The exchange is over with this response (no retry)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
 
 
 async def forward(
-    fleet: Fleet,
-    path: str,
-    route: str,
-    raw: bytes,
-    body: Mapping[str, Any] | None,
-    headers: Mapping[str, str],
+    fleet: Fleet, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]
 ) -> Response:
     try:
-        plan = await fleet.plan(route, body, headers)
-    except Unroutable as exc:
-        return JSONResponse(
-            error_body(exc.status, exc.message, exc.code, exc.type, exc.param),
-            status_code=exc.status,
-        )
+        plan = await fleet.plan(route, raw, headers)
+    except RoutingError as exc:
+        return routing_error(exc)
+    except RequestInvalid as exc:
+        return invalid_request(exc.invalid)
     upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
@@ -79,14 +84,13 @@ async def forward(
         if reason == "failover" and failed is not None:
             fleet.metrics.failover(failed)
         try:
-            return await _attempt(fleet, plan, backend, reason, path, raw, upstream_headers)
+            return await _attempt(fleet, plan, backend, reason, route, raw, upstream_headers)
+        except _Answered as answered:
+            return answered.response
         except UpstreamFailed as exc:
             errors.append(f"{name}: {exc}")
             log.warning("backend %s failed before the first byte: %s", name, exc)
-    return JSONResponse(
-        error_body(502, "every backend tried failed: " + "; ".join(errors), "backend_failed"),
-        status_code=502,
-    )
+    return error_response(502, "every backend tried failed: " + "; ".join(errors), "backend_failed")
 
 
 async def _attempt(
@@ -94,14 +98,14 @@ async def _attempt(
     plan: Plan,
     backend: Backend,
     reason: Reason,
-    path: str,
+    route: ProxiedRoute,
     raw: bytes,
     headers: Mapping[str, str],
 ) -> Response:
     fleet.started(plan, backend, reason)
     done = False
 
-    def finish(outcome: str, usage: Mapping[str, Any] | None, first_byte: float | None) -> None:
+    def finish(outcome: str, usage: Usage | None, first_byte: float | None) -> None:
         nonlocal done
         if not done:
             done = True
@@ -110,7 +114,7 @@ async def _attempt(
             )
 
     try:
-        return await _exchange(fleet, plan, backend, reason, path, raw, headers, finish)
+        return await _exchange(fleet, plan, backend, reason, route, raw, headers, finish)
     except BaseException:
         # The client went away before the response began (or anything unforeseen): the
         # request must not stay counted in flight.
@@ -118,7 +122,7 @@ async def _attempt(
         raise
 
 
-Finish = Callable[[str, Mapping[str, Any] | None, float | None], None]
+Finish = Callable[[str, Usage | None, float | None], None]
 
 
 async def _exchange(
@@ -126,80 +130,125 @@ async def _exchange(
     plan: Plan,
     backend: Backend,
     reason: Reason,
-    path: str,
+    route: ProxiedRoute,
     raw: bytes,
     headers: Mapping[str, str],
     finish: Finish,
 ) -> Response:
+    options = fleet.options.proxy
+    deadline = plan.started + options.request_timeout
+
+    async def within(step: Awaitable[T]) -> T:
+        """`step`, unless the request's deadline passes first (504, no retry)."""
+        try:
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                return await step
+        except TimeoutError as exc:
+            finish("timeout", None, None)
+            message = f"the backend {backend.name} did not answer within the request timeout"
+            raise _Answered(error_response(504, message, "backend_timeout")) from exc
+
     request = fleet.client.build_request(
         "POST",
-        f"{backend.url}{path}",
+        f"{backend.url}{route.path}",
         content=raw,
         headers=headers,
-        timeout=httpx.Timeout(10.0, read=600.0),
+        timeout=httpx.Timeout(10.0, read=options.request_timeout),
     )
     try:
-        upstream = await fleet.client.send(request, stream=True)
+        upstream = await within(fleet.client.send(request, stream=True))
     except httpx.HTTPError as exc:
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        return await _relay(fleet, plan, backend, reason, route, upstream, finish, within)
+    except BaseException:
+        await upstream.aclose()
+        raise
+
+
+async def _relay(
+    fleet: Fleet,
+    plan: Plan,
+    backend: Backend,
+    reason: Reason,
+    route: ProxiedRoute,
+    upstream: httpx.Response,
+    finish: Finish,
+    within: Callable[[Awaitable[Any]], Awaitable[Any]],
+) -> Response:
+    options = fleet.options.proxy
+    deadline = plan.started + options.request_timeout
     if upstream.status_code >= 500:
-        text = (await _read_quietly(upstream))[:300]
+        try:
+            text = await within(bounded.read_body(upstream, options.max_error_bytes))
+        except (httpx.HTTPError, bounded.TooLarge):
+            text = b"(an unreadable or oversized error body)"
         await upstream.aclose()
         fleet.passive_failure(backend, f"HTTP {upstream.status_code}")
         finish("failed", None, None)
-        raise UpstreamFailed(f"HTTP {upstream.status_code}: {text.decode(errors='replace')}")
+        raise UpstreamFailed(f"HTTP {upstream.status_code}: {text[:300].decode(errors='replace')}")
     out_headers = {k: upstream.headers[k] for k in _PASSED_BACK if k in upstream.headers}
     out_headers[BACKEND_HEADER] = backend.name
     out_headers[REASON_HEADER] = reason
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
     chunks = upstream.aiter_raw()
     try:  # the first byte decides whether a retry is still possible
-        first = await (_first_progress(chunks) if streaming else anext(chunks, b""))
+        first = await within(_first_progress(chunks, route) if streaming else anext(chunks, b""))
     except httpx.HTTPError as exc:
         await upstream.aclose()
         fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
-    except BaseException:
-        await upstream.aclose()
-        raise
     first_byte = time.monotonic() - plan.started
     fleet.prefilled(plan, backend)
 
     if not streaming:
         try:
-            content = first + b"".join([c async for c in chunks])
+            content, whole = await within(_head(first, chunks, options.buffer_bytes))
         except httpx.HTTPError as exc:
+            await upstream.aclose()
             fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
             finish("failed", None, first_byte)
             raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
-        finally:
+        if whole:  # the usual case: the whole body in hand, its usage read
             await upstream.aclose()
-        usage = _usage_of(content) if upstream.status_code == 200 else None
-        finish("ok" if upstream.status_code < 400 else "client_error", usage, first_byte)
-        return Response(content, status_code=upstream.status_code, headers=out_headers)
+            usage = _usage_of(content, route) if upstream.status_code == 200 else None
+            finish("ok" if upstream.status_code < 400 else "client_error", usage, first_byte)
+            return Response(content, status_code=upstream.status_code, headers=out_headers)
+        # Larger: passed on as it comes (so each request holds one buffer, not its body),
+        # up to max_response_bytes; its usage is not read.
+        return StreamingResponse(
+            _pass_on(fleet, backend, upstream, content, chunks, deadline, finish, first_byte),
+            status_code=upstream.status_code,
+            headers=out_headers,
+        )
 
     async def relay() -> AsyncIterator[bytes]:
-        usage = _UsageScanner()
+        usage = _UsageScanner(route)
         outcome = "cancelled"  # the client went away, unless we get to the end
         try:
             usage.feed(first)
             yield first
             try:
-                async for chunk in chunks:
+                while True:
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        chunk = await anext(chunks, None)
+                    if chunk is None:
+                        break
                     usage.feed(chunk)
                     yield chunk
-            except httpx.HTTPError as exc:
-                outcome = "cut"
-                fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
-                message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
-                yield (
-                    b"data: "
-                    + json.dumps(error_body(502, message, "backend_stream_cut")).encode()
-                    + b"\n\n"
-                )
+            except (httpx.HTTPError, TimeoutError) as exc:
+                timed_out = isinstance(exc, TimeoutError)
+                outcome = "timeout" if timed_out else "cut"
+                if timed_out:
+                    message = f"the backend {backend.name} exceeded the request timeout"
+                else:
+                    fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
+                    message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
+                code = "backend_timeout" if timed_out else "backend_stream_cut"
+                yield b"data: " + json.dumps(error_body(message, code)).encode() + b"\n\n"
                 return
             outcome = "ok"
         finally:
@@ -209,7 +258,61 @@ async def _exchange(
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
 
 
-async def _first_progress(chunks: AsyncIterator[bytes]) -> bytes:
+async def _head(first: bytes, chunks: AsyncIterator[bytes], limit: int) -> tuple[bytes, bool]:
+    """A non-streamed body's first `limit` bytes or so, and whether that is all of it."""
+    parts, size = [first], len(first)
+    while size <= limit:
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            return b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
+async def _pass_on(
+    fleet: Fleet,
+    backend: Backend,
+    upstream: httpx.Response,
+    head: bytes,
+    chunks: AsyncIterator[bytes],
+    deadline: float,
+    finish: Finish,
+    first_byte: float,
+) -> AsyncIterator[bytes]:
+    """The rest of a large non-streamed body, chunk by chunk, within the request's
+    deadline and `max_response_bytes` (past either, the connection is closed: the
+    status line has gone out)."""
+    limit = fleet.options.proxy.max_response_bytes
+    outcome, size, chunk = "cancelled", 0, head
+    try:
+        while True:
+            size += len(chunk)
+            if size > limit:
+                outcome = "too_large"
+                fleet.metrics.read_error(backend, "response", "TooLarge")
+                log.warning("backend %s: a response over %d bytes; cut", backend.name, limit)
+                raise bounded.TooLarge(f"{backend.name}: a response over {limit} bytes")
+            yield chunk
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                following = await anext(chunks, None)
+            if following is None:
+                outcome = "ok" if upstream.status_code < 400 else "client_error"
+                return
+            chunk = following
+    except TimeoutError:
+        outcome = "timeout"
+        raise
+    except httpx.HTTPError as exc:
+        outcome = "cut"
+        fleet.passive_failure(backend, f"body cut: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        await upstream.aclose()
+        finish(outcome, None, first_byte)
+
+
+async def _first_progress(chunks: AsyncIterator[bytes], route: ProxiedRoute) -> bytes:
     """A stream's bytes up to its first event that carries output (text, a tool call, a
     finish, usage, an error, the end). Daemons open with an empty assistant-role event
     before they have computed anything; holding it back keeps a failure during prefill
@@ -218,12 +321,12 @@ async def _first_progress(chunks: AsyncIterator[bytes]) -> bytes:
     async for chunk in chunks:
         held += chunk
         events = held.split(b"\n\n")
-        if any(_carries_output(e) for e in events[:-1]) or len(held) > 1 << 20:
+        if any(_carries_output(e, route) for e in events[:-1]) or len(held) > 1 << 20:
             return held
     return held
 
 
-def _carries_output(event: bytes) -> bool:
+def _carries_output(event: bytes, route: ProxiedRoute) -> bool:
     data = event.strip()
     if not data.startswith(b"data:"):
         return bool(data) and not data.startswith(b":")  # an unexpected line: pass it on
@@ -234,39 +337,25 @@ def _carries_output(event: bytes) -> bool:
         payload = json.loads(data)
     except ValueError:
         return True
-    if not isinstance(payload, dict) or payload.get("error") or payload.get("usage"):
-        return True
-    for choice in payload.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if choice.get("finish_reason") or choice.get("text") or delta.get("tool_calls"):
-            return True
-        if delta.get("content"):
-            return True
-    return False
+    return not isinstance(payload, dict) or route.carries_output(payload)
 
 
-async def _read_quietly(response: httpx.Response) -> bytes:
+def _usage_of(content: bytes, route: ProxiedRoute) -> Usage | None:
     try:
-        return await response.aread()
-    except httpx.HTTPError:
-        return b""
-
-
-def _usage_of(content: bytes) -> dict[str, Any] | None:
-    try:
-        usage = json.loads(content).get("usage")
-    except (ValueError, AttributeError):
+        document = json.loads(content)
+    except ValueError:
         return None
-    return usage if isinstance(usage, dict) else None
+    return route.usage_of(document) if isinstance(document, dict) else None
 
 
 class _UsageScanner:
-    """Finds the `usage` of an SSE stream (the chunk `stream_options.include_usage` adds)
+    """Finds the usage of an SSE stream (the chunk `stream_options.include_usage` adds)
     without holding the stream: only the current partial line is kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, route: ProxiedRoute) -> None:
+        self._route = route
         self._partial = b""
-        self.found: dict[str, Any] | None = None
+        self.found: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
         lines = (self._partial + chunk).split(b"\n")
@@ -276,8 +365,8 @@ class _UsageScanner:
         for line in lines:
             if line.startswith(b"data: {") and b'"usage"' in line:
                 try:
-                    usage = json.loads(line[6:]).get("usage")
+                    document = json.loads(line[6:])
                 except ValueError:
                     continue
-                if isinstance(usage, dict):
-                    self.found = usage
+                if isinstance(document, dict):
+                    self.found = self._route.usage_of(document) or self.found

@@ -3,7 +3,8 @@
 Health: `GET /readyz` every `health_interval`; a failed request or a 5xx seen by the
 proxy marks it down at once (passive check), the next good probe brings it back.
 Models: the names it answers to (`/v1/models`, plus a warmfleet daemon's aliases from
-`/v1/status`), read when it becomes ready and every `models_interval` while it is.
+`/v1/status`) and its context length, read when it becomes ready and every
+`models_interval` while it is.
 Cache events: the daemon's layout, then a snapshot, then the event stream from the
 snapshot's sequence number; a gap (a sequence number skipped, a heartbeat ahead of the
 last event) or a `reset` line means fetch a new snapshot; a dropped connection means
@@ -12,27 +13,63 @@ backend without these routes (any OpenAI server) stays on history estimates, and
 asked again only every `no_events_retry` seconds.
 Warm sets: a warmfleet daemon's `/v1/warm-sets` every `warm_sets_interval`; the blocks
 of its warm prompts in pinned sets count as held there, with or without events.
+
+Every read is bounded (`ReadLimits`: bytes per answer or per event line, and a deadline
+per answer or per line) and parsed with its wire model. No payload stops a task: a bad
+one (the wrong shape, too large, too slow) is logged once per kind of trouble with the
+backend's name, counted (`on_trouble`), kept in `Backend.problems` for the status, and
+the task goes on: a bad `/readyz` marks the backend down with the reason, a bad event
+line or snapshot means a new snapshot after a backoff (up to `max_retry`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
+import anyio
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from warmfleet_common import bounded
 from warmfleet_common.cache_layout import CacheLayout
+from warmfleet_common.contract import PromptState, WarmSetList
+from warmfleet_common.wire import (
+    BlockEvicted,
+    BlockStored,
+    CacheEventLine,
+    CacheSnapshot,
+    DaemonStatus,
+    EventsHeartbeat,
+    EventsHello,
+    EventsReset,
+    ModelList,
+    parse_event_line,
+)
 from warmfleet_router.backend import Backend
 from warmfleet_router.index import BlockIndex
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """The most bytes the router reads of each answer (and the deadline of one)."""
+
+    small: int = 1 << 20  # /readyz, /v1/models, /v1/status
+    warm_sets: int = 16 << 20  # 256 prompts' block lists per set, a few sets
+    layout: int = 64 << 20  # tokenizer files (a large vocabulary's tokenizer.json: ~10 MB)
+    snapshot: int = 64 << 20  # ~350,000 blocks
+    event_line: int = 64 << 10  # a stored event is ~250 bytes
+    deadline: float = 10.0  # a whole small answer
+    large_deadline: float = 60.0  # a whole layout or snapshot
 
 
 @dataclass(frozen=True)
@@ -42,7 +79,9 @@ class SyncOptions:
     warm_sets_interval: float = 10.0
     heartbeat: float = 5.0  # asked of the daemon; a stream silent for 3x this is dead
     retry: float = 2.0
+    max_retry: float = 60.0  # backoff after repeated trouble doubles up to this
     no_events_retry: float = 60.0  # a backend known to serve no events is asked this often
+    limits: ReadLimits = field(default_factory=ReadLimits)
 
 
 class ResyncNeeded(Exception):
@@ -52,6 +91,7 @@ class ResyncNeeded(Exception):
 # Registers a layout and returns when a keyer for it is ready (built off the loop).
 LayoutSink = Callable[[CacheLayout], Awaitable[None]]
 OnIndexEvent = Callable[[Backend, str], None]  # (backend, "resync" | "event")
+OnTrouble = Callable[[Backend, str, str], None]  # (backend, what was read, error type)
 
 
 class BackendSync:
@@ -65,23 +105,31 @@ class BackendSync:
         layouts: LayoutSink,
         options: SyncOptions,
         on_index: OnIndexEvent | None = None,
+        on_trouble: OnTrouble | None = None,
     ) -> None:
         self.backend = backend
         self._client = client
         self._index = index
         self._layouts = layouts
         self._options = options
+        self._limits = options.limits
         self._on_index = on_index
+        self._on_trouble = on_trouble
         self._tasks: list[asyncio.Task[None]] = []
         self._checked = asyncio.Event()
         self._models_read = -math.inf  # loop time of the last read of its model names
+        self._logged: dict[str, str] = {}  # what -> the error type logged for it
 
     def start(self) -> None:
         name = self.backend.name
+        loops = {
+            "health": self._health_loop,
+            "events": self._events_loop,
+            "warm-sets": self._warm_sets_loop,
+        }
         self._tasks = [
-            asyncio.create_task(self._health_loop(), name=f"health-{name}"),
-            asyncio.create_task(self._events_loop(), name=f"events-{name}"),
-            asyncio.create_task(self._warm_sets_loop(), name=f"warm-sets-{name}"),
+            asyncio.create_task(self._supervised(what, loop), name=f"{what}-{name}")
+            for what, loop in loops.items()
         ]
 
     async def stop(self) -> None:
@@ -92,9 +140,71 @@ class BackendSync:
                 await task
         self._index.forget(self.backend.name)
 
-    async def first_check(self, timeout: float) -> None:
+    async def first_check(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._checked.wait(), timeout)
+            await asyncio.wait_for(self._checked.wait(), seconds)
+
+    async def _supervised(self, what: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run a loop for ever: whatever escapes it (a bug; the loops handle what they
+        read) is logged, counted and the loop started again after a backoff."""
+        delay = self._options.retry
+        while True:
+            try:
+                await loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._trouble(what, exc, log_exception=True)
+                await asyncio.sleep(_jitter(delay))
+                delay = min(delay * 2, self._options.max_retry)
+
+    # -- trouble ------------------------------------------------------------------
+
+    def _trouble(self, what: str, exc: BaseException, *, log_exception: bool = False) -> None:
+        """A read of `what` failed: count it, keep the reason, log it once per kind."""
+        kind = type(exc).__name__
+        text = f"{kind}: {exc}"
+        text = text if len(text) <= 500 else text[:497] + "..."
+        self.backend.problems[what] = text
+        if self._logged.get(what) != kind:
+            self._logged[what] = kind
+            log.warning(
+                "backend %s: %s: %s (logged once; counted in "
+                "warmfleet_router_backend_read_errors_total)",
+                self.backend.name,
+                what,
+                text,
+                exc_info=exc if log_exception else None,
+            )
+        if self._on_trouble:
+            self._on_trouble(self.backend, what, kind)
+
+    def _fine(self, what: str) -> None:
+        if self.backend.problems.pop(what, None) is not None:
+            log.info("backend %s: %s: fine again", self.backend.name, what)
+        self._logged.pop(what, None)
+
+    async def _read(
+        self,
+        path: str,
+        model: type[M],
+        *,
+        limit: int,
+        deadline: float,
+        admin: bool = False,
+    ) -> M | None:
+        """The parsed body of a 200 (None for another status); TooLarge, TooSlow,
+        ValidationError or an httpx error when it cannot be read."""
+        answer = await bounded.get(
+            self._client,
+            f"{self.backend.url}{path}",
+            limit=limit,
+            deadline=deadline,
+            headers=self.backend.admin_headers() if admin else None,
+        )
+        if answer.status != 200:
+            return None
+        return model.model_validate_json(answer.content)
 
     # -- health -------------------------------------------------------------------
 
@@ -107,11 +217,16 @@ class BackendSync:
     async def _probe(self) -> None:
         backend = self.backend
         try:
-            r = await self._client.get(f"{backend.url}/readyz", timeout=5.0)
-        except httpx.HTTPError as exc:
+            answer = await bounded.get(
+                self._client,
+                f"{backend.url}/readyz",
+                limit=self._limits.small,
+                deadline=min(self._limits.deadline, 5.0),
+            )
+        except (httpx.HTTPError, bounded.TooLarge, bounded.TooSlow) as exc:
             backend.set_health("down", f"{type(exc).__name__}: {exc}")
             return
-        if r.status_code == 200:
+        if answer.status == 200:
             now = asyncio.get_running_loop().time()
             stale = now - self._models_read >= self._options.models_interval
             if backend.health != "ready" or stale:  # it may have restarted with another model
@@ -119,30 +234,42 @@ class BackendSync:
                 self._models_read = now
             backend.set_health("ready")
             return
-        status = _json_field(r, "status")
-        backend.set_health(
-            "draining" if status == "draining" else "unready", status or r.text[:200]
-        )
+        status = _status_field(answer.content)
+        detail = status or answer.content[:200].decode(errors="replace")
+        backend.set_health("draining" if status == "draining" else "unready", detail)
 
     async def read_models(self) -> None:
-        """The names the backend answers to; kept as they were when it cannot say."""
+        """The names the backend answers to and its context length; kept as they were
+        when it cannot say."""
         backend = self.backend
+        limits = self._limits
         try:
-            r = await self._client.get(f"{backend.url}/v1/models", timeout=5.0)
-            data = r.json().get("data") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            listed = await self._read(
+                "/v1/models", ModelList, limit=limits.small, deadline=limits.deadline
+            )
+        except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
+            self._trouble("models", exc)
             return
-        if not isinstance(data, list):
-            return
-        names = {str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")}
+        if listed is None:
+            return  # not 200: it cannot say (any OpenAI server may lack the route)
+        self._fine("models")
+        names = {m.id for m in listed.data}
+        lengths = [m.max_model_len for m in listed.data if m.max_model_len]
         try:  # a warmfleet daemon also answers to its aliases (`default`, its --model)
-            r = await self._client.get(f"{backend.url}/v1/status", timeout=5.0)
-            model = r.json().get("model") if r.status_code == 200 else None
-            if isinstance(model, dict):
-                names.update(str(a) for a in model.get("aliases") or [])
-        except (httpx.HTTPError, ValueError, AttributeError):
-            pass
+            status = await self._read(
+                "/v1/status", DaemonStatus, limit=limits.small, deadline=limits.deadline
+            )
+        except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
+            self._trouble("status", exc)
+            status = None
+        else:
+            self._fine("status")
+        if status is not None and status.model is not None:
+            names.update(status.model.aliases)
+            if status.model.context_length:
+                lengths.append(status.model.context_length)
         backend.models = frozenset(names) or None
+        backend.context_length = max(lengths) if lengths else None
 
     async def _health_loop(self) -> None:
         while True:
@@ -154,31 +281,39 @@ class BackendSync:
     async def _warm_sets_loop(self) -> None:
         while True:
             if self.backend.usable:
-                with contextlib.suppress(httpx.HTTPError, ValueError, TypeError, AttributeError):
+                try:
                     await self.read_warm_sets()
+                except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
+                    self._trouble("warm-sets", exc)
+                else:
+                    self._fine("warm-sets")
             await asyncio.sleep(self._options.warm_sets_interval)
 
     async def read_warm_sets(self) -> None:
         """Its warm sets, and the blocks of their warm prompts where the set is pinned."""
         backend = self.backend
-        r = await self._client.get(
-            f"{backend.url}/v1/warm-sets", headers=backend.admin_headers(), timeout=5.0
-        )
-        if r.status_code != 200:
+        limits = self._limits
+        listed = await self._read(
+            "/v1/warm-sets", WarmSetList, limit=limits.warm_sets, deadline=limits.deadline,
+            admin=True,
+        )  # fmt: skip
+        if listed is None:
             return
-        sets = r.json().get("sets", [])
+        sets = listed.sets
         backend.warm_sets = [
-            {k: s.get(k) for k in ("namespace", "name", "warm", "total", "pin")} for s in sets
-        ]
+            {"namespace": s.namespace, "name": s.name, "warm": s.warm, "total": s.total,
+             "pin": s.pin}
+            for s in sets
+        ]  # fmt: skip
         self._index.set_pinned(
             backend.name,
             (
                 bytes.fromhex(key)
                 for s in sets
-                if s.get("pin")
-                for p in s.get("prompts") or []
-                if p.get("state") == "warm"
-                for key in p.get("blocks") or []
+                if s.pin
+                for p in s.prompts
+                if p.state is PromptState.WARM
+                for key in p.blocks
             ),
         )
 
@@ -187,12 +322,17 @@ class BackendSync:
     async def _events_loop(self) -> None:
         backend = self.backend
         need_snapshot = True
+        delay = self._options.retry
         while True:
+            what = "snapshot" if need_snapshot else "events"
             try:
                 if need_snapshot:
                     await self._resync()
                     need_snapshot = False
-                await self._follow()
+                    delay = self._options.retry
+                    what = "events"
+                if await self._follow():
+                    delay = self._options.retry  # it delivered: not a failing loop
             except ResyncNeeded as exc:
                 log.info("%s: cache index resync (%s)", backend.name, exc)
                 need_snapshot = True
@@ -206,51 +346,63 @@ class BackendSync:
                 backend.index_mode = "history"
                 backend.last_error = f"events: {exc}"
                 # Its warm sets' blocks are keyed by its layout, when it serves one.
-                with contextlib.suppress(httpx.HTTPError, _NoEvents, ValueError, ValidationError):
+                with contextlib.suppress(
+                    httpx.HTTPError, _NoEvents, _Unavailable, ValueError, bounded.TooSlow
+                ):
                     await self._read_layout()
                 await asyncio.sleep(self._options.no_events_retry)
                 need_snapshot = True
                 continue
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                # Connection lost: keep what is known, reconnect after the last event.
-                backend.last_error = f"events: {type(exc).__name__}: {exc}"
-                if backend.index_mode == "resyncing":
-                    need_snapshot = True
-            await asyncio.sleep(self._options.retry)
+            except (httpx.TransportError, bounded.TooSlow, _Unavailable) as exc:
+                # Connection lost, silent or trickling, or the daemon not ready: keep what
+                # is known, reconnect after the last event (the daemon replays what it
+                # still buffers).
+                backend.last_error = f"{what}: {type(exc).__name__}: {exc}"
+                self._trouble(what, exc)
+            except (httpx.HTTPError, ValueError) as exc:
+                # A payload of the wrong shape or too large: what the stream said can no
+                # longer be trusted; a new snapshot, after a backoff.
+                backend.last_error = f"{what}: {type(exc).__name__}: {exc}"
+                self._trouble(what, exc)
+                backend.index_mode = "resyncing"
+                need_snapshot = True
+            await asyncio.sleep(_jitter(delay))
+            delay = min(delay * 2, self._options.max_retry)
 
     async def _resync(self) -> None:
         backend = self.backend
         backend.index_mode = "resyncing"
-        headers = backend.admin_headers()
-        snap = await self._get_json("/v1/cache/snapshot", headers)
-        if snap.get("fingerprint") != backend.fingerprint:
+        snap = await self._get("/v1/cache/snapshot", CacheSnapshot, self._limits.snapshot)
+        if snap.fingerprint != backend.fingerprint:
             await self._read_layout()
         self._index.load_snapshot(
-            backend.name,
-            ((bytes.fromhex(b["key"]), bool(b.get("logits"))) for b in snap["blocks"]),
+            backend.name, ((bytes.fromhex(b.key), b.logits) for b in snap.blocks)
         )
-        backend.epoch, backend.seq = str(snap["epoch"]), int(snap["seq"])
+        backend.epoch, backend.seq = snap.epoch, snap.seq
         backend.index_mode = "following"
         backend.last_error = ""
         backend.resyncs += 1
+        self._fine("snapshot")
         if self._on_index:
             self._on_index(backend, "resync")
 
     async def _read_layout(self) -> None:
         backend = self.backend
-        body = await self._get_json("/v1/cache/layout", backend.admin_headers())
-        layout = CacheLayout.model_validate(body)
+        layout = await self._get("/v1/cache/layout", CacheLayout, self._limits.layout)
         await self._layouts(layout)
         backend.fingerprint, backend.model = layout.fingerprint, layout.model
 
-    async def _follow(self) -> None:
+    async def _follow(self) -> bool:
+        """Apply the event stream until it ends; whether any line was applied."""
         backend = self.backend
         params: dict[str, str | int | float] = {
             "after": backend.seq,
             "epoch": backend.epoch or "",
             "heartbeat": self._options.heartbeat,
         }
-        timeout = httpx.Timeout(10.0, read=3 * self._options.heartbeat)
+        silence = 3 * self._options.heartbeat  # no whole line for this long: dead
+        timeout = httpx.Timeout(10.0, read=silence)
+        applied = False
         async with self._client.stream(
             "GET",
             f"{backend.url}/v1/cache/events",
@@ -259,69 +411,99 @@ class BackendSync:
             timeout=timeout,
         ) as r:
             if r.status_code != 200:
-                await r.aread()
-                _raise_for_events(r)
-            async for line in r.aiter_lines():
+                await bounded.read_body(r, self._limits.small)
+                _raise_for_events_status(r.request.url.path, r.status_code)
+            what = f"{backend.name} /v1/cache/events"
+            lines = bounded.lines(r.aiter_bytes(), self._limits.event_line, what=what)
+            while True:
+                line = await _within(lines, silence)
+                if line is None:
+                    return applied
                 if line.strip():
-                    self.apply(json.loads(line))
+                    event = parse_event_line(line)
+                    self.apply(event)
+                    if not applied and not isinstance(event, EventsHello):
+                        applied = True  # past the greeting: the stream delivers
+                        self._fine("events")
 
-    def apply(self, event: dict[str, Any]) -> None:
+    def apply(self, event: CacheEventLine) -> None:
         """Apply one line of the event stream (raises ResyncNeeded on a gap)."""
         backend, index = self.backend, self._index
-        kind = event.get("type")
-        if kind == "hello":
-            if event.get("epoch") != backend.epoch:
+        if isinstance(event, EventsHello):
+            if event.epoch != backend.epoch:
                 raise ResyncNeeded("the daemon restarted")
             return
-        if kind == "reset":
-            raise ResyncNeeded(f"daemon says reset: {event.get('reason')}")
-        if kind == "heartbeat":
-            if int(event["seq"]) != backend.seq:
-                raise ResyncNeeded(f"heartbeat at {event['seq']}, index at {backend.seq}")
+        if isinstance(event, EventsReset):
+            raise ResyncNeeded(f"daemon says reset: {event.reason}")
+        if isinstance(event, EventsHeartbeat):
+            if event.seq != backend.seq:
+                raise ResyncNeeded(f"heartbeat at {event.seq}, index at {backend.seq}")
             return
-        seq = int(event["seq"])
-        if seq != backend.seq + 1:
-            raise ResyncNeeded(f"event {seq} after {backend.seq}")
-        if kind == "stored":
-            index.stored(backend.name, bytes.fromhex(event["key"]), bool(event.get("logits")))
-        elif kind == "evicted":
-            index.evicted(backend.name, bytes.fromhex(event["key"]))
-        elif kind == "cleared":
+        if event.seq != backend.seq + 1:
+            raise ResyncNeeded(f"event {event.seq} after {backend.seq}")
+        if isinstance(event, BlockStored):
+            index.stored(backend.name, bytes.fromhex(event.key), event.logits)
+        elif isinstance(event, BlockEvicted):
+            index.evicted(backend.name, bytes.fromhex(event.key))
+        else:
             index.cleared(backend.name)
-        backend.seq = seq
+        backend.seq = event.seq
         if self._on_index:
             self._on_index(backend, "event")
 
-    async def _get_json(self, path: str, headers: dict[str, str]) -> dict[str, Any]:
-        r = await self._client.get(f"{self.backend.url}{path}", headers=headers, timeout=30.0)
-        if r.status_code != 200:
-            _raise_for_events(r)
-        body = r.json()
-        if not isinstance(body, dict):
-            raise ValueError(f"{path}: not a JSON object")
-        return body
+    async def _get(self, path: str, model: type[M], limit: int) -> M:
+        """An admin route's answer, parsed with its wire model."""
+        answer = await bounded.get(
+            self._client,
+            f"{self.backend.url}{path}",
+            limit=limit,
+            deadline=self._limits.large_deadline,
+            headers=self.backend.admin_headers(),
+        )
+        if answer.status != 200:
+            _raise_for_events_status(path, answer.status)
+        return model.model_validate_json(answer.content)
 
 
 class _NoEvents(Exception):
     """This backend serves no cache events to us (not a warmfleet daemon, no token...)."""
 
 
-def _raise_for_events(r: httpx.Response) -> None:
-    if r.status_code in (404, 405):
-        raise _NoEvents(f"{r.request.url.path}: {r.status_code} (not a warmfleet daemon?)")
-    if r.status_code in (401, 403):
-        raise _NoEvents(
-            f"{r.request.url.path}: {r.status_code}: the admin token is missing or wrong"
-        )
-    raise httpx.HTTPStatusError(
-        f"{r.request.url.path}: HTTP {r.status_code}", request=r.request, response=r
-    )
+class _Unavailable(Exception):
+    """A 5xx: loading, draining or failing; asked again after a backoff."""
 
 
-def _json_field(r: httpx.Response, key: str) -> str | None:
+def _raise_for_events_status(path: str, status: int) -> None:
+    if status in (404, 405):
+        raise _NoEvents(f"{path}: {status} (not a warmfleet daemon?)")
+    if status in (401, 403):
+        raise _NoEvents(f"{path}: {status}: the admin token is missing or wrong")
+    if status >= 500:
+        raise _Unavailable(f"{path}: HTTP {status}")
+    raise ValueError(f"{path}: unexpected HTTP {status}")
+
+
+async def _within(lines: AsyncIterator[bytes], seconds: float) -> bytes | None:
+    """The next line, or None at the end; TooSlow when no whole line came in time (a
+    trickle keeps the connection's read timeout from firing)."""
     try:
-        body = r.json()
-    except ValueError:
+        with anyio.fail_after(seconds):
+            return await anext(lines, None)
+    except TimeoutError as exc:
+        raise bounded.TooSlow(f"no whole event line within {seconds:g}s") from exc
+
+
+def _status_field(content: bytes) -> str | None:
+    try:
+        body = Readiness.model_validate_json(content)
+    except ValidationError:
         return None
-    value = body.get(key) if isinstance(body, dict) else None
-    return str(value) if value is not None else None
+    return body.status
+
+
+class Readiness(BaseModel):
+    status: str | None = None
+
+
+def _jitter(delay: float) -> float:
+    return delay * random.uniform(0.8, 1.2)

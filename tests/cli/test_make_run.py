@@ -68,7 +68,10 @@ def test_make_run_starts_the_fleet_and_the_readme_chat_hits_the_warm_prompts(
             assert time.monotonic() < deadline, log_path.read_text()
             text = log_path.read_text()
             if "warmfleet up: ready" in text:
-                backends = httpx.get(f"{router}/v1/router/status", timeout=5).json()["backends"]
+                token = (tmp_path / "admin-token").read_text().strip()
+                auth = {"Authorization": f"Bearer {token}"}  # the status's detail is admin's
+                status = httpx.get(f"{router}/v1/router/status", headers=auth, timeout=5)
+                backends = status.json()["backends"]
                 sets = [s for b in backends for s in b["warm_sets"]]
                 if len(sets) == 2 and all(s["warm"] == s["total"] == 2 for s in sets):
                     break

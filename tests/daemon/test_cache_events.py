@@ -38,7 +38,7 @@ def replay(log: CacheEventLog[str], after: int = 0) -> list[dict[str, object]]:
     assert found is not None
     backlog, subscription = found
     log.unsubscribe(subscription)
-    return [e.as_json() for e in backlog]
+    return [e.as_wire().model_dump() for e in backlog]
 
 
 def test_stores_evictions_and_clears_are_numbered_in_cache_order() -> None:
@@ -79,8 +79,8 @@ def test_a_snapshot_is_current_at_the_sequence_number_read_with_it() -> None:
         (8, 12, False),
     ]
     assert blocks[1].parent == blocks[0].key
-    as_json = log.block_json(blocks[2])
-    assert as_json["logits"] is True and as_json["pinned"] is False
+    listed = log.block_wire(blocks[2])
+    assert listed.logits is True and listed.pinned is False
 
 
 def test_a_subscriber_whose_events_are_gone_or_from_the_future_must_resync() -> None:

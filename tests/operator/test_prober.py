@@ -64,15 +64,18 @@ def test_held_sets_report_what_changed_beyond_our_own_pushes() -> None:
     from warmfleet_common.contract import WarmSetStatus
     from warmfleet_operator.service import HeldSets
 
+    def parsed(warm: int) -> WarmSetStatus:
+        return WarmSetStatus.model_validate(warm_set(warm))
+
     held, node = HeldSets(60), Node("mac", "http://mac", {})
-    held.record(node, [warm_set(0)])
+    held.record(node, [parsed(0)])
     assert held.changed[node.url] == {KEY}  # new to us
-    held.record(node, [warm_set(0)])
+    held.record(node, [parsed(0)])
     assert held.changed[node.url] == set()
-    held.update(node, KEY, WarmSetStatus.model_validate(warm_set(1)))  # our push said so
-    held.record(node, [warm_set(1)])
+    held.update(node, KEY, parsed(1))  # our push said so
+    held.record(node, [parsed(1)])
     assert held.changed[node.url] == set()  # nothing the push did not tell
-    held.record(node, [warm_set(2)])
+    held.record(node, [parsed(2)])
     assert held.changed[node.url] == {KEY}  # progress
     held.record(node, [])
     assert held.changed[node.url] == {KEY}  # lost

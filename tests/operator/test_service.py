@@ -290,7 +290,8 @@ async def test_a_status_without_the_warm_set_detail_is_not_read_as_empty() -> No
 
     async def daemon(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/status":
-            return httpx.Response(200, json={"instance_id": "i1", "warm_sets": 3})
+            counts = {"sets": 3, "prompts": 3, "warm": 3, "failed": 0}
+            return httpx.Response(200, json={"instance_id": "i1", "warm_set_counts": counts})
         return httpx.Response(404, json={"error": {"message": "no such set"}})
 
     client = DaemonClient(NoTokens(), transport=httpx.MockTransport(daemon))

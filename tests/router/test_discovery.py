@@ -237,3 +237,52 @@ async def test_cluster_source_resumes_from_a_bookmark(api: Cluster) -> None:
     finally:
         await changes.aclose()
         await source.close()
+
+
+class LyingKube:
+    """A KubeClient whose list holds a WarmNode whose spec is no object and whose watch sends
+    events of every wrong shape before a good one."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    async def list_versioned(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        broken = node("broken", 9001)
+        broken["spec"] = "not an object"
+        return [node("mac-1", 9001), broken], "10"
+
+    async def watch(self, path: str, version: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        if self.watches == 1:
+            yield {"type": "ADDED", "object": ["not", "an", "object"]}
+        elif self.watches == 2:
+            yield {"type": "MODIFIED", "object": {"metadata": {"resourceVersion": "12"}}}
+        else:
+            yield {"type": "ADDED", "object": node("mac-2", 9002)}
+            await asyncio.Event().wait()
+
+    async def token(self, ref: Any) -> str:
+        raise AssertionError("no Secrets here")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_the_watch_survives_any_payload(
+    api: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = ClusterSource(backoff=(0.05, 0.1))
+    kube = LyingKube()
+    source._kube = kube  # type: ignore[assignment]
+    changes = source.changes()
+    try:
+        assert [n[0] for n in await next_change(changes)] == ["mac-1"]  # "broken" left out
+        assert [n[0] for n in await next_change(changes, 3.0)] == ["mac-1", "mac-2"]
+        assert source.errors >= 3 and kube.watches == 3
+        warned = [
+            r.getMessage() for r in caplog.records if "WarmNodes watch failed" in r.getMessage()
+        ]
+        assert len(warned) == 2  # once per kind of trouble (AttributeError, KeyError)
+    finally:
+        await changes.aclose()
+        await source.close()

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from warmfleet_common.chunking import plan_chunks, root_key
+from warmfleet_common.wire import CacheEventLine, parse_event_line
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.index import BlockIndex
 from warmfleet_router.keys import RequestBlocks
@@ -78,16 +79,20 @@ def event(seq: int, kind: str, key: bytes = b"", logits: bool = False) -> dict[s
     return {"seq": seq, "type": kind, "key": key.hex(), "logits": logits}
 
 
+def wire(line: dict[str, object]) -> CacheEventLine:
+    return parse_event_line(json.dumps(line))
+
+
 def test_events_in_sequence_update_the_index() -> None:
     sync, backend, index = make_sync()
-    sync.apply({"type": "hello", "epoch": "e1", "seq": 12})
-    sync.apply(event(11, "stored", REQUEST.keys[0]))
-    sync.apply(event(12, "stored", REQUEST.keys[1]))
-    sync.apply({"type": "heartbeat", "seq": 12})
+    sync.apply(wire({"type": "hello", "epoch": "e1", "seq": 12}))
+    sync.apply(wire(event(11, "stored", REQUEST.keys[0])))
+    sync.apply(wire(event(12, "stored", REQUEST.keys[1])))
+    sync.apply(wire({"type": "heartbeat", "seq": 12}))
     assert backend.seq == 12 and index.predict("a", REQUEST) == 8
-    sync.apply(event(13, "evicted", REQUEST.keys[1]))
+    sync.apply(wire(event(13, "evicted", REQUEST.keys[1])))
     assert index.predict("a", REQUEST) == 4
-    sync.apply({"seq": 14, "type": "cleared"})
+    sync.apply(wire({"seq": 14, "type": "cleared"}))
     assert index.size("a") == 0 and backend.seq == 14
 
 
@@ -103,7 +108,7 @@ def test_events_in_sequence_update_the_index() -> None:
 def test_a_gap_a_restart_or_a_reset_means_resync(line: dict[str, object]) -> None:
     sync, backend, _ = make_sync()
     with pytest.raises(ResyncNeeded):
-        sync.apply(line)
+        sync.apply(wire(line))
     assert backend.seq == 10  # nothing applied
 
 
@@ -190,7 +195,11 @@ def warm_sets_body(blocks_of: dict[str, list[bytes]]) -> dict[str, object]:
         return {"name": name, "state": state, "content_hash": "h", "tokens": 4, "blocks": keys}
 
     def warm_set(name: str, pin: bool, prompts: list[dict[str, object]]) -> dict[str, object]:
-        return {"namespace": "ns", "name": name, "pin": pin, "prompts": prompts, "warm": 1}
+        return {
+            "namespace": "ns", "name": name, "generation": 1, "content_hash": "c",
+            "concurrency": 2, "pin": pin, "prompts": prompts, "warm": 1,
+            "total": len(prompts), "updated_at": 0.0,
+        }  # fmt: skip
 
     return {
         "sets": [

@@ -15,9 +15,11 @@ import pytest
 import pytest_asyncio
 
 from warmfleet_router.backend import BackendSpec
-from warmfleet_router.fleet import Fleet, RouterOptions, Unroutable
+from warmfleet_router.fleet import Fleet, RouterOptions
 from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
 from warmfleet_router.proxy import forward
+from warmfleet_router.routes import CHAT
 from warmfleet_router.sync import SyncOptions
 
 pytestmark = pytest.mark.asyncio
@@ -98,8 +100,12 @@ def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}]}
 
 
+def encoded(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
 async def choice(fleet: Fleet, model: str) -> tuple[str, tuple[str, ...]]:
-    plan = await fleet.plan("chat", chat(model), {})
+    plan = await fleet.plan(CHAT, encoded(chat(model)), {})
     return plan.decision.backend, plan.decision.fallbacks
 
 
@@ -120,12 +126,11 @@ async def test_a_model_nobody_serves_is_a_404_like_the_daemons(
     fleet: Fleet, backends: Backends
 ) -> None:
     await start(fleet, "llama", "qwen")
-    with pytest.raises(Unroutable) as refused:
-        await fleet.plan("chat", chat("gpt-9"), {})
-    assert (refused.value.status, refused.value.code) == (404, "model_not_found")
+    with pytest.raises(ModelNotFound):
+        await fleet.plan(CHAT, encoded(chat("gpt-9")), {})
 
     raw = json.dumps(chat("gpt-9")).encode()
-    response = await forward(fleet, "/v1/chat/completions", "chat", raw, chat("gpt-9"), {})
+    response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 404
     assert json.loads(bytes(response.body)) == {
         "error": {
@@ -138,7 +143,7 @@ async def test_a_model_nobody_serves_is_a_404_like_the_daemons(
     assert backends.chats == []  # nothing was sent anywhere
 
     raw = json.dumps(chat("qwen-2")).encode()
-    response = await forward(fleet, "/v1/chat/completions", "chat", raw, chat("qwen-2"), {})
+    response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 200 and response.headers["x-warmfleet-backend"] == "qwen"
 
 
@@ -148,9 +153,8 @@ async def test_a_served_model_whose_backends_are_down_is_a_503(
     await start(fleet, "llama", "qwen")
     backends.ready["qwen"] = False
     await fleet._syncs["qwen"].check_health()
-    with pytest.raises(Unroutable) as refused:
-        await fleet.plan("chat", chat("qwen-2"), {})
-    assert (refused.value.status, refused.value.code) == (503, "no_backend")
+    with pytest.raises(NoBackendReady):
+        await fleet.plan(CHAT, encoded(chat("qwen-2")), {})
     assert await choice(fleet, "llama-3") == ("llama", ())
 
 
@@ -173,8 +177,8 @@ async def test_a_backend_back_with_another_model_is_read_again(
     backends.models["qwen"] = ["qwen-3"]
     await fleet._syncs["qwen"].check_health()
     assert await choice(fleet, "qwen-3") == ("qwen", ())
-    with pytest.raises(Unroutable):
-        await fleet.plan("chat", chat("qwen-2"), {})
+    with pytest.raises(RoutingError):
+        await fleet.plan(CHAT, encoded(chat("qwen-2")), {})
 
 
 async def test_predictions_for_backends_without_events_are_labelled_history(
@@ -184,7 +188,7 @@ async def test_predictions_for_backends_without_events_are_labelled_history(
     they neither inflate nor deflate the index's accuracy."""
     await start(fleet, "llama")
     raw = json.dumps(chat("llama-3")).encode()
-    response = await forward(fleet, "/v1/chat/completions", "chat", raw, chat("llama-3"), {})
+    response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 200
     assert fleet.decisions[-1]["prediction_source"] == "history"
     samples = [
@@ -202,9 +206,7 @@ async def test_a_client_gone_before_the_response_leaves_nothing_in_flight(
 ) -> None:
     await start(fleet, "stuck")
     raw = json.dumps(chat("llama-3")).encode()
-    task = asyncio.create_task(
-        forward(fleet, "/v1/chat/completions", "chat", raw, chat("llama-3"), {})
-    )
+    task = asyncio.create_task(forward(fleet, CHAT, raw, {}))
     for _ in range(100):
         await asyncio.sleep(0.01)
         if fleet.backends["stuck"].in_flight:
@@ -216,5 +218,5 @@ async def test_a_client_gone_before_the_response_leaves_nothing_in_flight(
     assert fleet.backends["stuck"].in_flight == 0
     assert fleet.decisions[-1]["outcome"] == "cancelled"
     # Nothing is left in prefill there: the same request again does not contend with it.
-    plan = await fleet.plan("chat", chat("llama-3"), {})
+    plan = await fleet.plan(CHAT, encoded(chat("llama-3")), {})
     assert not fleet.index.take_off("stuck", plan.blocks["stuck"]).contended

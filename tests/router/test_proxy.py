@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from warmfleet_router.proxy import _first_progress
+from warmfleet_router.routes import CHAT
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TEXT = b'data: {"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}\n\n'
@@ -21,7 +22,7 @@ async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
 def first(*parts: bytes) -> tuple[bytes, list[bytes]]:
     async def go() -> tuple[bytes, list[bytes]]:
         it = chunks(*parts)
-        head = await _first_progress(it)
+        head = await _first_progress(it, CHAT)
         return head, [c async for c in it]
 
     return asyncio.run(go())

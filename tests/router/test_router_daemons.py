@@ -64,7 +64,7 @@ def client(router: Daemon) -> openai.OpenAI:
 
 
 def status(router: Daemon) -> dict[str, Any]:
-    return httpx.get(f"{router.url}/v1/router/status", timeout=10).json()
+    return httpx.get(f"{router.url}/v1/router/status", headers=AUTH, timeout=10).json()
 
 
 def name_of(daemon: Daemon) -> str:

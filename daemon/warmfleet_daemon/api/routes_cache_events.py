@@ -11,16 +11,21 @@ daemon's epoch, which is the subscriber's cue to fetch a new snapshot.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from functools import lru_cache
-from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.cache_layout import CacheLayout, export_layout
+from warmfleet_common.wire import (
+    CacheSnapshot,
+    EventsHeartbeat,
+    EventsHello,
+    EventsReset,
+    event_line,
+)
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
 from warmfleet_daemon.api.errors import ErrorResponse
 from warmfleet_daemon.engine.core import Engine
@@ -50,18 +55,18 @@ async def layout(ready: ReadyDep) -> CacheLayout:
     return await run_in_threadpool(layout_of, ready.engine)
 
 
-@router.get("/snapshot")
-async def snapshot(ready: ReadyDep) -> dict[str, Any]:
+@router.get("/snapshot", response_model=CacheSnapshot)
+async def snapshot(ready: ReadyDep) -> CacheSnapshot:
     """Every stored block (root first) with the event sequence number it is current at."""
     events = ready.events
     blocks, seq = await run_in_threadpool(ready.engine.cache.snapshot, lambda: events.seq)
     found = await run_in_threadpool(layout_of, ready.engine)
-    return {
-        "epoch": events.epoch,
-        "seq": seq,
-        "fingerprint": found.fingerprint,
-        "blocks": [events.block_json(b) for b in blocks],
-    }
+    return CacheSnapshot(
+        epoch=events.epoch,
+        seq=seq,
+        fingerprint=found.fingerprint,
+        blocks=[events.block_wire(b) for b in blocks],
+    )
 
 
 @router.get("/events")
@@ -75,37 +80,33 @@ async def cache_events(
     loop = asyncio.get_running_loop()
 
     async def lines() -> AsyncIterator[bytes]:
-        yield _line({"type": "hello", "epoch": log.epoch, "seq": log.seq})
+        yield event_line(EventsHello(epoch=log.epoch, seq=log.seq))
         if epoch is not None and epoch != log.epoch:
-            yield _line({"type": "reset", "reason": "epoch"})
+            yield event_line(EventsReset(reason="epoch"))
             return
         found = log.subscribe(after, loop)
         if found is None:
-            yield _line({"type": "reset", "reason": "gap"})
+            yield event_line(EventsReset(reason="gap"))
             return
         backlog, subscription = found
         try:
             last = after
             for old in backlog:
-                yield _line(old.as_json())
+                yield event_line(old.as_wire())
                 last = old.seq
             while True:
                 try:
                     event = await asyncio.wait_for(subscription.queue.get(), heartbeat)
                 except asyncio.TimeoutError:
-                    yield _line({"type": "heartbeat", "seq": last})
+                    yield event_line(EventsHeartbeat(seq=last))
                     continue
                 if event is None:  # this subscriber fell too far behind
-                    yield _line({"type": "reset", "reason": "overflow"})
+                    yield event_line(EventsReset(reason="overflow"))
                     return
                 if event.seq > last:
-                    yield _line(event.as_json())
+                    yield event_line(event.as_wire())
                     last = event.seq
         finally:
             log.unsubscribe(subscription)
 
     return StreamingResponse(lines(), media_type=NDJSON, headers={"cache-control": "no-store"})
-
-
-def _line(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":")).encode() + b"\n"

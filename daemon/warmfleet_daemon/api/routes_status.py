@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from warmfleet_common import __version__
 from warmfleet_common.contract import PromptState
+from warmfleet_common.wire import DaemonStatus, StatusCache, StatusModel, WarmSetCounts
 from warmfleet_daemon.api.deps import IsAdminDep, ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
 
@@ -50,8 +51,13 @@ async def readyz(state: StateDep, warm: bool = False) -> JSONResponse:
     return JSONResponse({"status": "ready", "model": state.served_name()})
 
 
-@router.get("/v1/status", responses=errors(403, 503))
-async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[str, Any]:
+@router.get(
+    "/v1/status",
+    response_model=DaemonStatus,
+    response_model_exclude_unset=True,
+    responses=errors(403, 503),
+)
+async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonStatus:
     """Engine, cache, warm sets and a diagnostics summary. Without the admin token (when
     one is configured) warm sets are counts only: their names, uids and content hashes
     are on the admin routes."""
@@ -60,38 +66,35 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> dict[st
     sets = ready.warm.list()
     detail: dict[str, Any] = {}
     if admin:  # set names and hashes, peer URLs and the model fingerprint: admin only
-        detail["warm_sets"] = [s.model_dump() for s in sets]
+        detail["warm_sets"] = sets
         detail["kv_transfer"] = ready.transfer.status() if ready.transfer else None
-    return {
-        "version": __version__,
-        "instance_id": state.instance_id,
-        "started_at": datetime.datetime.fromtimestamp(
+    return DaemonStatus(
+        version=__version__,
+        instance_id=state.instance_id,
+        started_at=datetime.datetime.fromtimestamp(
             state.started_at, datetime.timezone.utc
         ).isoformat(),
-        "model": {
-            "id": state.served_name(),
-            # Every name the chat routes accept for it (the router matches requests by them).
-            "aliases": sorted(ready.model_ids),
-            "source": model.source,
-            "context_length": model.context_length,
-            "device": "gpu" if model.on_gpu else "cpu",
-        },
-        "engine": asdict(ready.engine.stats()),
-        "cache": {
-            **asdict(cache),
-            "hit_rate": cache.hit_rate,
-            "tokens_saved": cache.tokens_saved,
-        },
+        model=StatusModel(
+            id=state.served_name(),
+            aliases=sorted(ready.model_ids),
+            source=model.source,
+            context_length=model.context_length,
+            device="gpu" if model.on_gpu else "cpu",
+        ),
+        engine=asdict(ready.engine.stats()),
+        cache=StatusCache(
+            **asdict(cache), hit_rate=cache.hit_rate, tokens_saved=cache.tokens_saved
+        ),
         **detail,
-        "warm_set_counts": {
-            "sets": len(sets),
-            "prompts": sum(s.total for s in sets),
-            "warm": sum(s.warm for s in sets),
-            "failed": sum(p.state is PromptState.FAILED for s in sets for p in s.prompts),
-        },
+        warm_set_counts=WarmSetCounts(
+            sets=len(sets),
+            prompts=sum(s.total for s in sets),
+            warm=sum(s.warm for s in sets),
+            failed=sum(p.state is PromptState.FAILED for s in sets for p in s.prompts),
+        ),
         # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
-        "diagnostics": ready.diagnostics.summary(),
-    }
+        diagnostics=ready.diagnostics.summary(),
+    )
 
 
 @router.get(

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from support.engine import model
 from warmfleet_common.prompts import PromptBuilder
+from warmfleet_common.wire import DaemonStatus
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
@@ -51,6 +52,7 @@ def test_public_status_has_counts_only() -> None:
             assert secret not in text
         assert held["prompts"][0]["content_hash"] not in text
         doc = public.json()
+        DaemonStatus.model_validate(doc)  # the wire model other components read
         assert "warm_sets" not in doc
         assert doc["warm_set_counts"] == {"sets": 1, "prompts": 1, "warm": 1, "failed": 0}
 

@@ -12,7 +12,9 @@ import pytest
 
 from support.processes import Daemon, start_daemon
 from warmfleet_common.cache_layout import CacheLayout
-from warmfleet_router.keys import LayoutKeyer, request_blocks
+from warmfleet_common.wire import CacheSnapshot, parse_event_line
+from warmfleet_router.keys import LayoutKeyer
+from warmfleet_router.routes import request_blocks
 
 TOKEN = "events-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -48,6 +50,7 @@ def lines(daemon: Daemon, **params: object) -> Iterator[dict[str, object]]:
         assert r.headers["content-type"].startswith("application/x-ndjson")
         for line in r.iter_lines():
             if line:
+                parse_event_line(line)  # every line is a wire model's
                 yield json.loads(line)
 
 
@@ -60,6 +63,7 @@ def test_the_admin_routes_need_the_token(daemon: Daemon) -> None:
 
 def test_events_after_a_snapshot_carry_the_keys_a_router_computes(daemon: Daemon) -> None:
     snap = httpx.get(f"{daemon.url}/v1/cache/snapshot", headers=AUTH, timeout=30).json()
+    CacheSnapshot.model_validate(snap)
     layout = CacheLayout.model_validate(
         httpx.get(f"{daemon.url}/v1/cache/layout", headers=AUTH, timeout=30).json()
     )

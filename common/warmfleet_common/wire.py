@@ -1,0 +1,188 @@
+"""The wire models of the daemon's routes that other components read, beside
+`contract` (the operator's push: `PUT /v1/warm-sets/...` and `GET /v1/warm-sets`, whose
+`WarmSetList` the router reads too) and `cache_layout` (`GET /v1/cache/layout`:
+`CacheLayout`). The daemon produces these; the router and the operator parse what they
+receive with them, so a payload of the wrong shape is one `ValidationError` naming the
+field, never a `KeyError` deep in a background task.
+
+- `GET /v1/cache/events` (admin, newline-delimited JSON): one `CacheEventLine` per line.
+  `hello` opens the stream (the daemon's event `epoch`, a fresh one per daemon process,
+  and its current `seq`); `stored`, `evicted` and `cleared` are cache changes numbered
+  1, 2, 3... within an epoch; `heartbeat` repeats the last number sent; `reset` ends the
+  stream when the events asked for are gone: resync from a snapshot.
+- `GET /v1/cache/snapshot` (admin): `CacheSnapshot`, every stored block and the event
+  number it is current at.
+- `GET /v1/models` (any OpenAI server's, the daemon's too): `ModelList`, the part a
+  router reads (ids, and vLLM's and the daemon's `max_model_len`).
+- `GET /v1/status`: `DaemonStatus`, typed in the parts other components read (the model
+  and its aliases and context length, the cache figures, the warm sets); the engine
+  figures and the diagnostics summary are documents for people and stay open.
+
+Models ignore fields they do not know (a newer daemon may add some) and never coerce:
+a sequence number is an integer, not `1.5`, `true` or `Infinity`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from warmfleet_common.contract import WarmSetStatus
+
+# A block key (16 bytes, warmfleet_common.chunking) in lowercase hex.
+BlockHex = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+Seq = Annotated[int, Field(ge=0, lt=2**63, strict=True)]
+Epoch = Annotated[str, Field(min_length=1, max_length=64)]
+Tokens = Annotated[int, Field(ge=0, strict=True)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# -- GET /v1/cache/events -----------------------------------------------------------
+
+
+class EventsHello(_Wire):
+    """The first line: this daemon's epoch and the last event number it has assigned."""
+
+    type: Literal["hello"] = "hello"
+    epoch: Epoch
+    seq: Seq
+
+
+class EventsReset(_Wire):
+    """The last line when the events asked for cannot be replayed (`epoch`: another
+    daemon process; `gap`: no longer buffered; `overflow`: the subscriber fell behind)."""
+
+    type: Literal["reset"] = "reset"
+    reason: str = Field(max_length=64)
+
+
+class EventsHeartbeat(_Wire):
+    """Nothing happened; `seq` is the last event number sent on this stream."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    seq: Seq
+
+
+class _BlockEvent(_Wire):
+    seq: Seq
+    key: BlockHex
+    parent: BlockHex | None = None  # None: the first block of a prompt
+    start: Tokens | None = None  # token offsets of the block within its prompt
+    end: Tokens | None = None
+    logits: bool = False  # the block holds its chunk's last-position logits
+
+
+class BlockStored(_BlockEvent):
+    type: Literal["stored"] = "stored"
+
+
+class BlockEvicted(_BlockEvent):
+    type: Literal["evicted"] = "evicted"
+
+
+class CacheCleared(_Wire):
+    type: Literal["cleared"] = "cleared"
+    seq: Seq
+
+
+CacheChange = BlockStored | BlockEvicted | CacheCleared
+CacheEventLine = Annotated[
+    EventsHello | EventsReset | EventsHeartbeat | BlockStored | BlockEvicted | CacheCleared,
+    Field(discriminator="type"),
+]
+_EVENT_LINE: TypeAdapter[CacheEventLine] = TypeAdapter(CacheEventLine)
+
+
+def parse_event_line(line: str | bytes) -> CacheEventLine:
+    """One line of `/v1/cache/events` (raises pydantic's ValidationError)."""
+    return _EVENT_LINE.validate_json(line)
+
+
+def event_line(event: CacheEventLine) -> bytes:
+    """One line as the daemon sends it."""
+    return event.model_dump_json().encode() + b"\n"
+
+
+# -- GET /v1/cache/snapshot -----------------------------------------------------------
+
+
+class SnapshotBlock(_Wire):
+    key: BlockHex
+    parent: BlockHex | None = None
+    start: Tokens | None = None
+    end: Tokens | None = None
+    logits: bool = False
+    pinned: bool = False
+
+
+class CacheSnapshot(_Wire):
+    """Every stored block (parents before children); `seq` is the event number the list
+    is current at, so `/v1/cache/events?epoch=E&after=seq` continues from it."""
+
+    epoch: Epoch
+    seq: Seq
+    fingerprint: str | None = Field(None, max_length=128, description="of the cache layout")
+    blocks: list[SnapshotBlock]
+
+
+# -- GET /v1/models ------------------------------------------------------------------
+
+
+class ModelCard(_Wire):
+    id: str = Field(min_length=1, max_length=1024)
+    max_model_len: Tokens | None = None  # vLLM's and the daemon's: the context length
+
+
+class ModelList(_Wire):
+    data: list[ModelCard]
+
+
+# -- GET /v1/status -------------------------------------------------------------------
+
+
+class StatusModel(_Wire):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str | None = None
+    # Every name the chat routes accept for it (the router matches requests by them).
+    aliases: list[str] = Field(default_factory=list)
+    source: str | None = None
+    context_length: Tokens | None = None
+    device: str | None = None
+
+
+class StatusCache(_Wire):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    bytes: Tokens = 0
+    budget_bytes: Tokens = 0
+    hit_rate: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class WarmSetCounts(_Wire):
+    sets: Tokens = 0
+    prompts: Tokens = 0
+    warm: Tokens = 0
+    failed: Tokens = 0
+
+
+class DaemonStatus(_Wire):
+    """`GET /v1/status`. Without the admin token (when the daemon has one) `warm_sets`
+    and `kv_transfer` are absent: warm sets are `warm_set_counts` only."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    version: str | None = None
+    instance_id: str | None = Field(None, description="a fresh one per daemon process")
+    started_at: str | None = None
+    model: StatusModel | None = None
+    engine: dict[str, Any] | None = None
+    cache: StatusCache | None = None
+    warm_sets: list[WarmSetStatus] | None = None
+    kv_transfer: dict[str, Any] | None = None
+    warm_set_counts: WarmSetCounts | None = None
+    diagnostics: dict[str, Any] | None = None

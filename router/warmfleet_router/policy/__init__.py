@@ -1,0 +1,88 @@
+"""Choosing a backend: plain Python, no I/O; every choice is deterministic in its inputs.
+
+A policy is composed of pieces, as the Gateway API Inference Extension's scheduler is:
+filters narrow the candidates (ready, serves the model, bounded load, session pin),
+scorers rank them (cached tokens, load, session-key hash, a hash of the request,
+round-robin turn), a picker picks and orders the fallbacks. `prefix` (the default):
+most predicted cached tokens, subject to bounded load (consistent hashing with bounded
+loads: no backend may take a request that would put it above ceil((1 + epsilon) x the
+mean in-flight count)); ties by load, then by a rendezvous hash of the request so equal
+candidates share new work. A session key keeps a session where it is while that
+backend is eligible. `round-robin`, `least-load` and `session` (rendezvous hash of the
+session key) exist to compare against. New routing ideas (time saved per cache tier,
+agent session keys) are new pieces in `compose.build`.
+"""
+
+from warmfleet_router.policy.compose import (
+    ADMISSION,
+    DEFAULT_EPSILON,
+    POLICIES,
+    Policy,
+    PolicyName,
+    admit,
+    build,
+    choose,
+)
+from warmfleet_router.policy.filters import (
+    BoundedLoad,
+    Filter,
+    Ready,
+    ServesModel,
+    SessionPin,
+    capacity,
+    eligible,
+)
+from warmfleet_router.policy.model import (
+    Candidate,
+    Decision,
+    ModelNotFound,
+    NoBackendReady,
+    Reason,
+    RoutingError,
+    RoutingRequest,
+)
+from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
+from warmfleet_router.policy.scorers import (
+    AffinityHash,
+    CachedTokens,
+    LeastLoad,
+    RoundRobin,
+    Scorer,
+    TieHash,
+    rendezvous,
+)
+
+__all__ = [
+    "ADMISSION",
+    "DEFAULT_EPSILON",
+    "POLICIES",
+    "AffinityHash",
+    "BestPicker",
+    "BoundedLoad",
+    "CachedTokens",
+    "Candidate",
+    "Decision",
+    "Filter",
+    "LeastLoad",
+    "ModelNotFound",
+    "NoBackendReady",
+    "Picker",
+    "Policy",
+    "PolicyName",
+    "Ready",
+    "Reason",
+    "RingPicker",
+    "RoundRobin",
+    "RoutingError",
+    "RoutingRequest",
+    "Scorer",
+    "ServesModel",
+    "SessionPin",
+    "TieHash",
+    "admit",
+    "build",
+    "capacity",
+    "choose",
+    "eligible",
+    "rendezvous",
+]

@@ -1,0 +1,94 @@
+"""Filters: each narrows the candidates a request may go to. Admission filters (ready,
+serves the model) run before the request is keyed and raise a RoutingError when they
+can explain an empty result; routing filters (bounded load, session pin) never empty a
+non-empty list."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from warmfleet_router.policy.model import (
+    Candidate,
+    ModelNotFound,
+    NoBackendReady,
+    RoutingRequest,
+)
+
+
+class Filter(Protocol):
+    def __call__(
+        self, candidates: Sequence[Candidate], request: RoutingRequest
+    ) -> list[Candidate]: ...
+
+
+class Ready:
+    """Backends that take new requests."""
+
+    def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
+        return [c for c in candidates if c.ready]
+
+
+class ServesModel:
+    """Backends that answer to the request's model; those that have not said which
+    models they serve only when none has said it serves this one. Nothing left: 503
+    when a backend that is not ready serves it, else 404 as a daemon answers it."""
+
+    def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
+        model = request.model
+        if model is None:
+            return list(candidates)
+        serving = [c for c in candidates if c.serves(model)]
+        if serving:
+            return serving
+        unknown = [c for c in candidates if c.serves(model) is None]
+        if unknown:
+            return unknown
+        if any(c.serves(model) for c in request.fleet):
+            raise NoBackendReady(model)
+        if candidates:
+            raise ModelNotFound(model)
+        return []
+
+
+def capacity(total_in_flight: int, backends: int, epsilon: float) -> int:
+    """The most in-flight requests any backend may hold once this one is placed."""
+    return math.ceil((1 + epsilon) * (total_in_flight + 1) / backends)
+
+
+def eligible(candidates: Sequence[Candidate], epsilon: float) -> list[Candidate]:
+    """Candidates that stay within the bound with one more request (never empty when
+    `candidates` is not: the least loaded always fits)."""
+    if not candidates:
+        return []
+    cap = capacity(sum(c.in_flight for c in candidates), len(candidates), epsilon)
+    return [c for c in candidates if c.in_flight + 1 <= cap]
+
+
+class BoundedLoad:
+    """Consistent hashing with bounded loads: no backend may take a request that would
+    put it above ceil((1 + epsilon) x the mean in-flight count)."""
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = epsilon
+
+    def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
+        return eligible(candidates, self.epsilon)
+
+
+class SessionPin:
+    """Only the backend the request's session was last served by, when it is still a
+    candidate; the candidates unchanged otherwise."""
+
+    def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
+        pinned = [c for c in candidates if c.name == request.session_backend]
+        return pinned if request.session_backend is not None and pinned else list(candidates)
+
+    @staticmethod
+    def spilled(request: RoutingRequest, before: Sequence[Candidate]) -> bool:
+        """For a request the pin did not place: its session's backend was a candidate
+        before the routing filters (so a filter took it out: overloaded)."""
+        return request.session_backend is not None and any(
+            c.name == request.session_backend for c in before
+        )

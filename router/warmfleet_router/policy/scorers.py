@@ -1,0 +1,101 @@
+"""Scorers: each gives every candidate a number, higher is better. A policy ranks by its
+scorers in order, each later one breaking the ties of those before it (a lexicographic
+order, exact in integers: token counts and load do not mix into one weighted sum). The
+first scorer names the decision (`reason`) when it decided something; when it had
+nothing to say about the pick (nothing cached, no session key) the decision is a
+`fallback`."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Protocol
+
+from warmfleet_router.policy.model import Candidate, Reason, RoutingRequest
+
+
+class Scorer(Protocol):
+    reason: Reason
+    needs_cache: bool  # reads Candidate.cached_tokens (the request must be keyed)
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]: ...
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        """Whether the score said anything about the pick."""
+        ...
+
+
+def rendezvous(key: bytes, name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key + name.encode(), digest_size=8).digest(), "big")
+
+
+class CachedTokens:
+    """Prompt tokens the backend is predicted to serve from its cache."""
+
+    reason: Reason = "prefix"
+    needs_cache = True
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        return [c.cached_tokens for c in candidates]
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return pick.cached_tokens > 0
+
+
+class LeastLoad:
+    """Fewer requests in flight is better."""
+
+    reason: Reason = "least-load"
+    needs_cache = False
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        return [-c.in_flight for c in candidates]
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return True
+
+
+class TieHash:
+    """A rendezvous hash of the request: equal candidates share new work, and the same
+    request breaks the tie the same way."""
+
+    reason: Reason = "fallback"
+    needs_cache = False
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        return [rendezvous(request.tie_key, c.name) for c in candidates]
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return False
+
+
+class AffinityHash:
+    """A rendezvous hash of the session key: each session has its own order of
+    backends (consistent hashing); no key, no preference."""
+
+    reason: Reason = "session"
+    needs_cache = False
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        if request.affinity is None:
+            return [0] * len(candidates)
+        key = request.affinity.encode()
+        return [rendezvous(key, c.name) for c in candidates]
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return request.affinity is not None
+
+
+class RoundRobin:
+    """Backends in name order, starting one further on at every request."""
+
+    reason: Reason = "round-robin"
+    needs_cache = False
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        order = {name: i for i, name in enumerate(sorted(c.name for c in candidates))}
+        n = len(order)
+        return [-((order[c.name] - request.turn) % n) for c in candidates]
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return True

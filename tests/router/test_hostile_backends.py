@@ -1,0 +1,407 @@
+"""A lying or broken backend cannot grow the router, hang it or stop its background
+tasks: every payload of issue #23 against fake backends (httpx.MockTransport), each with
+small limits. A bad payload is logged once, counted, kept as the reason in the status,
+and the task goes on; reads stop at their byte limit or deadline; requests the daemons
+would refuse (deep JSON, token ids, a prompt over every context) are the daemons' 400s
+without reaching a backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from support.layouts import tiny_layout
+from warmfleet_common import bounded
+from warmfleet_router.backend import Backend, BackendSpec
+from warmfleet_router.fleet import Fleet, ProxyOptions, RouterOptions
+from warmfleet_router.index import ENTRY_BYTES, BlockIndex
+from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.proxy import forward
+from warmfleet_router.routes import CHAT, COMPLETION
+from warmfleet_router.sessions import MAX_KEY_CHARS, SessionTable, capped
+from warmfleet_router.sync import ReadLimits, SyncOptions
+
+pytestmark = pytest.mark.asyncio
+KEY = "0f" * 16
+HELLO = {"type": "hello", "epoch": "e1", "seq": 0}
+
+
+async def endless(piece: bytes = b"x" * 65536, pause: float = 0.0) -> AsyncIterator[bytes]:
+    while True:
+        yield piece
+        await asyncio.sleep(pause)
+
+
+def lines(*docs: Any, then: AsyncIterator[bytes] | None = None) -> AsyncIterator[bytes]:
+    async def gen() -> AsyncIterator[bytes]:
+        for doc in docs:
+            yield (doc if isinstance(doc, bytes) else json.dumps(doc).encode()) + b"\n"
+        if then is not None:
+            async for piece in then:
+                yield piece
+        else:
+            await asyncio.Event().wait()  # a quiet stream (heartbeats come from `then`)
+
+    return gen()
+
+
+Handler = Callable[[httpx.Request], Any]
+
+
+class Fake:
+    """A warmfleet daemon whose answers the test replaces route by route."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, int] = {}
+        self.routes: dict[str, Handler] = {
+            "/readyz": lambda r: httpx.Response(200, json={"status": "ready"}),
+            "/v1/models": lambda r: httpx.Response(200, json={"data": [{"id": "m"}]}),
+            "/v1/status": lambda r: httpx.Response(200, json={"model": {"aliases": ["m"]}}),
+            "/v1/warm-sets": lambda r: httpx.Response(200, json={"sets": []}),
+            "/v1/cache/snapshot": lambda r: httpx.Response(
+                200, json={"epoch": "e1", "seq": 0, "fingerprint": None, "blocks": []}
+            ),
+            "/v1/cache/events": lambda r: httpx.Response(200, content=lines(HELLO)),
+            "/v1/chat/completions": lambda r: httpx.Response(
+                200, json={"choices": [], "usage": {"prompt_tokens": 3}}
+            ),
+            "/v1/completions": lambda r: httpx.Response(200, json={"choices": []}),
+        }
+
+    def __call__(self, request: httpx.Request) -> Any:
+        path = request.url.path
+        self.asked[path] = self.asked.get(path, 0) + 1
+        if path not in self.routes:
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
+        return self.routes[path](request)
+
+
+SYNC = SyncOptions(
+    health_interval=0.05,
+    models_interval=0.05,
+    warm_sets_interval=0.05,
+    heartbeat=0.1,
+    retry=0.02,
+    max_retry=0.1,
+    limits=ReadLimits(
+        small=16 << 10, warm_sets=16 << 10, layout=4 << 20, snapshot=64 << 10,
+        event_line=4 << 10, deadline=1.0, large_deadline=1.0,
+    ),
+)  # fmt: skip
+PROXY = ProxyOptions(
+    request_timeout=1.0,
+    max_response_bytes=256 << 10,
+    buffer_bytes=16 << 10,
+    max_error_bytes=1 << 10,
+)
+
+
+@pytest_asyncio.fixture
+async def fake() -> Fake:
+    return Fake()
+
+
+@pytest_asyncio.fixture
+async def fleet(fake: Fake) -> AsyncIterator[Fleet]:
+    metrics = RouterMetrics()
+    options = RouterOptions(sync=SYNC, proxy=PROXY)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(fake)) as client:
+        fleet = Fleet(options, client, metrics)
+        try:
+            yield fleet
+        finally:
+            await fleet.close()
+            metrics.shutdown()
+
+
+async def start(fleet: Fleet) -> Backend:
+    await fleet.apply([BackendSpec("d", "http://d")])
+    await fleet.first_checks()
+    return fleet.backends["d"]
+
+
+async def until(check: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "never happened"
+        await asyncio.sleep(0.02)
+
+
+def read_errors(fleet: Fleet, what: str) -> float:
+    total = 0.0
+    for line in fleet.metrics.prometheus_text().decode().splitlines():
+        if line.startswith("warmfleet_router_backend_read_errors_total{") and (
+            f'warmfleet_read="{what}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def warnings_about(caplog: pytest.LogCaptureFixture, what: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and f"backend d: {what}:" in r.getMessage()
+    ]
+
+
+# -- background tasks: health, models, events, warm sets ------------------------------
+
+
+async def test_a_status_whose_aliases_are_no_list_leaves_the_backend_routable(
+    fleet: Fleet, fake: Fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.routes["/v1/status"] = lambda r: httpx.Response(200, json={"model": {"aliases": 5}})
+    backend = await start(fleet)
+    assert backend.health == "ready" and backend.models == frozenset({"m"})
+    await until(lambda: read_errors(fleet, "status") >= 3)  # read again, counted each time
+    assert "ValidationError" in backend.problems["status"]
+    assert len(warnings_about(caplog, "status")) == 1  # logged once
+    assert fleet.status()["backends"][0]["problems"]["status"].startswith("ValidationError")
+    plan = await fleet.plan(CHAT, json.dumps({"model": "m", "messages": []}).encode(), {})
+    assert plan.decision.backend == "d"
+    fake.routes["/v1/status"] = lambda r: httpx.Response(200, json={"model": {"aliases": ["a"]}})
+    await until(lambda: "status" not in backend.problems)
+    assert backend.models == frozenset({"m", "a"})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"[]",
+        b'{"type": "stored", "seq": Infinity, "key": "%s"}' % KEY.encode(),
+        b"x" * (64 << 10),  # one line longer than the line limit, no newline in sight
+    ],
+    ids=["a list", "seq Infinity", "an endless line"],
+)
+async def test_a_bad_event_line_means_a_new_snapshot_not_a_dead_task(
+    fleet: Fleet, fake: Fake, caplog: pytest.LogCaptureFixture, line: bytes
+) -> None:
+    fake.routes["/v1/cache/events"] = lambda r: httpx.Response(200, content=lines(HELLO, line))
+    backend = await start(fleet)
+    await until(lambda: fake.asked.get("/v1/cache/snapshot", 0) >= 3, 10.0)
+    assert fake.asked["/v1/cache/events"] >= 2  # followed again after each snapshot
+    assert read_errors(fleet, "events") >= 2
+    assert len(warnings_about(caplog, "events")) == 1
+    assert backend.problems["events"].split(":")[0] in ("ValidationError", "TooLarge")
+    # Fixed at the source: the index follows again and the reason goes.
+    beat = {"type": "heartbeat", "seq": 0}
+    fake.routes["/v1/cache/events"] = lambda r: httpx.Response(200, content=lines(HELLO, beat))
+    await until(lambda: backend.index_mode == "following" and "events" not in backend.problems)
+
+
+async def test_endless_snapshots_models_and_warm_sets_stop_at_their_limits(
+    fleet: Fleet, fake: Fake
+) -> None:
+    for path in ("/v1/cache/snapshot", "/v1/models", "/v1/warm-sets", "/v1/status"):
+        fake.routes[path] = lambda r: httpx.Response(200, content=endless())
+    backend = await start(fleet)
+    await until(lambda: all(w in backend.problems for w in ("snapshot", "models", "warm-sets")))
+    assert all("TooLarge" in backend.problems[w] for w in ("snapshot", "models", "warm-sets"))
+    assert backend.health == "ready" and backend.index_mode == "resyncing"
+    before = fake.asked["/v1/cache/snapshot"]
+    await until(lambda: fake.asked["/v1/cache/snapshot"] > before)  # still trying
+
+
+async def test_an_endless_readyz_marks_the_backend_down_with_the_reason(
+    fleet: Fleet, fake: Fake
+) -> None:
+    fake.routes["/readyz"] = lambda r: httpx.Response(200, content=endless())
+    backend = await start(fleet)
+    assert backend.health == "down" and "TooLarge" in backend.health_detail
+    fake.routes["/readyz"] = lambda r: httpx.Response(200, json={"status": "ready"})
+    await until(lambda: backend.health == "ready")
+
+
+async def test_a_trickling_event_stream_is_given_up_and_followed_again(
+    fleet: Fleet, fake: Fake
+) -> None:
+    trickle = endless(b" ", pause=0.01)  # bytes keep coming, a line never ends
+    fake.routes["/v1/cache/events"] = lambda r: httpx.Response(
+        200, content=lines(HELLO, then=trickle)
+    )
+    backend = await start(fleet)
+    await until(lambda: fake.asked.get("/v1/cache/events", 0) >= 3)
+    assert "TooSlow" in backend.problems["events"]
+
+
+async def test_a_flood_of_stored_events_stays_within_the_index_budget() -> None:
+    index = BlockIndex(budget_bytes=1000 * ENTRY_BYTES)
+    index.load_snapshot("honest", [(bytes([1, i]) * 8, False) for i in range(100)])
+    for i in range(20_000):
+        index.stored("liar", i.to_bytes(16, "big"), False)
+    assert index.entries() <= 1000
+    assert index.size("honest") == 100  # the flood costs only the backend that floods
+    assert index.dropped_blocks("liar") >= 19_000 and index.dropped_blocks("honest") == 0
+
+
+async def test_a_snapshot_over_the_budget_keeps_its_shallow_blocks() -> None:
+    index = BlockIndex(budget_bytes=10 * ENTRY_BYTES)
+    index.load_snapshot("d", [(i.to_bytes(16, "big"), False) for i in range(50)])
+    assert index.size("d") <= 10
+    assert index.predict("d", _run(5)) > 0  # the first blocks of the chain are still there
+
+
+def _run(n: int) -> Any:
+    from warmfleet_router.keys import RequestBlocks
+
+    keys = tuple(i.to_bytes(16, "big") for i in range(n))
+    return RequestBlocks(keys, tuple(range(4, 4 * n + 1, 4)), 4 * n)
+
+
+# -- the proxy: response bodies, error bodies, deadlines -------------------------------
+
+
+def chat(**extra: Any) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    ).encode()
+
+
+async def test_an_endless_response_body_is_passed_on_and_cut_at_the_limit(
+    fleet: Fleet, fake: Fake
+) -> None:
+    fake.routes["/v1/chat/completions"] = lambda r: httpx.Response(
+        200, headers={"content-type": "application/json"}, content=endless()
+    )
+    backend = await start(fleet)
+    response = await forward(fleet, CHAT, chat(), {})
+    assert response.status_code == 200  # its head has gone out: a cut is all that is left
+    received = 0
+    with pytest.raises(bounded.TooLarge):
+        async for chunk in response.body_iterator:  # type: ignore[attr-defined]
+            received += len(chunk)
+    assert received <= PROXY.max_response_bytes  # never held whole: passed on as it came
+    assert backend.in_flight == 0 and fleet.decisions[-1]["outcome"] == "too_large"
+    assert read_errors(fleet, "response") == 1
+
+
+async def test_an_endless_error_body_is_read_only_up_to_its_limit(fleet: Fleet, fake: Fake) -> None:
+    fake.routes["/v1/chat/completions"] = lambda r: httpx.Response(500, content=endless())
+    backend = await start(fleet)
+    response = await forward(fleet, CHAT, chat(), {})
+    assert response.status_code == 502
+    assert "oversized error body" in json.loads(bytes(response.body))["error"]["message"]
+    assert backend.in_flight == 0
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/event-stream"])
+async def test_a_trickling_backend_ends_at_the_request_timeout(
+    fleet: Fleet, fake: Fake, content_type: str
+) -> None:
+    fake.routes["/v1/chat/completions"] = lambda r: httpx.Response(
+        200, headers={"content-type": content_type}, content=endless(b" ", pause=0.05)
+    )
+    backend = await start(fleet)
+    response = await forward(fleet, CHAT, chat(), {})
+    assert response.status_code == 504
+    assert json.loads(bytes(response.body))["error"]["code"] == "backend_timeout"
+    assert backend.in_flight == 0 and fleet.decisions[-1]["outcome"] == "timeout"
+
+
+async def test_a_stream_past_the_request_timeout_ends_with_an_error_event(
+    fleet: Fleet, fake: Fake
+) -> None:
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+    fake.routes["/v1/chat/completions"] = lambda r: httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=endless(event, pause=0.05)
+    )
+    backend = await start(fleet)
+    response = await forward(fleet, CHAT, chat(stream=True), {})
+    assert response.status_code == 200
+    body = b"".join([c async for c in response.body_iterator])  # type: ignore[attr-defined, misc]
+    assert body.endswith(b"\n\n") and b'"code": "backend_timeout"' in body.rsplit(b"data: ", 1)[1]
+    assert backend.in_flight == 0
+
+
+# -- what the daemons refuse, refused without a backend ---------------------------------
+
+
+async def test_deep_json_is_the_daemons_400(fleet: Fleet, fake: Fake) -> None:
+    await start(fleet)
+    response = await forward(fleet, CHAT, b"[" * 100_000 + b"]" * 100_000, {})
+    assert response.status_code == 400
+    assert json.loads(bytes(response.body))["error"]["message"] == (
+        "There was an error parsing the body"
+    )
+    assert "/v1/chat/completions" not in fake.asked
+
+
+@pytest.mark.parametrize("prompt", [[-1], [4294967296], [[7, -2]], [1, 2**40]])
+async def test_token_ids_that_cannot_be_keyed_are_the_daemons_400(
+    fleet: Fleet, fake: Fake, prompt: list[Any]
+) -> None:
+    await start(fleet)
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    response = await forward(fleet, COMPLETION, body, {})
+    assert response.status_code == 400
+    error = json.loads(bytes(response.body))["error"]
+    assert (error["param"], error["type"]) == ("prompt", "invalid_request_error")
+    assert error["message"] == "prompt token ids must be in [0, 4294967296)"
+    assert "/v1/completions" not in fake.asked
+
+
+async def test_an_unknown_model_is_a_404_before_its_token_ids_are_judged(
+    fleet: Fleet, fake: Fake
+) -> None:
+    await start(fleet)  # as a daemon checks: the model first
+    response = await forward(
+        fleet, COMPLETION, json.dumps({"model": "x", "prompt": [-1]}).encode(), {}
+    )
+    assert response.status_code == 404
+
+
+async def test_a_prompt_over_every_context_is_refused_before_it_is_tokenized(
+    fleet: Fleet, fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = tiny_layout()
+    fake.routes["/v1/cache/layout"] = lambda r: httpx.Response(
+        200, content=layout.model_dump_json()
+    )
+    fake.routes["/v1/cache/snapshot"] = lambda r: httpx.Response(
+        200, json={"epoch": "e1", "seq": 0, "fingerprint": layout.fingerprint, "blocks": []}
+    )
+    fake.routes["/v1/status"] = lambda r: httpx.Response(
+        200, json={"model": {"aliases": ["m"], "context_length": 64}}
+    )
+    backend = await start(fleet)
+    await until(lambda: backend.fingerprint == layout.fingerprint and backend.context_length == 64)
+    encoded: list[str] = []
+    from warmfleet_router.tokenizing import FastLayoutTokenizer
+
+    real = FastLayoutTokenizer.encode
+
+    def counted(self: FastLayoutTokenizer, text: str, *args: Any, **kwargs: Any) -> list[int]:
+        encoded.append(text)
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(FastLayoutTokenizer, "encode", counted)
+    small = await fleet.plan(CHAT, chat(), {})
+    assert small.blocks["d"].keys and encoded  # keyed as usual
+    encoded.clear()
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a" * 50_000}]})
+    response = await forward(fleet, CHAT, big.encode(), {})
+    assert response.status_code == 400 and not encoded
+    error = json.loads(bytes(response.body))["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+    assert error["message"].startswith("This model's maximum context length is 64 tokens.")
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+async def test_session_keys_are_hashed_past_the_limit_and_the_table_has_a_byte_budget() -> None:
+    long = "user@example.com/" * 4000  # 68 KB
+    assert capped("short") == "short" and len(capped(long)) < MAX_KEY_CHARS
+    table = SessionTable(budget_bytes=100_000)
+    for i in range(10_000):
+        table.served(f"{long}{i}", "d0")
+    assert table.size_bytes <= 100_000 and table.forgotten > 9_000
+    assert table.get(f"{long}9999") == "d0"
