@@ -7,7 +7,7 @@ import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,10 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from httpx_aiohttp import AiohttpTransport
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from warmfleet_common import __version__, bounded
+from warmfleet_common.errors import AnthropicErrorResponse, ErrorResponse
 from warmfleet_router.discovery import Source
 from warmfleet_router.errors import error_body, error_response
 from warmfleet_router.fleet import Fleet, RouterOptions
@@ -37,25 +39,13 @@ MAX_REQUEST_BYTES = 8 << 20  # the daemons' default limit: larger bodies would f
 MODELS_BYTES = 1 << 20  # of one backend's /v1/models
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """The error body of every route (OpenAI's shape, the daemons' own)."""
-
-    error: ErrorDetail
-
-
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse} for code in codes}
 
 
-def _proxied_answers() -> dict[int, dict[str, Any]]:
-    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+def _proxied_answers(route: ProxiedRoute) -> dict[int, dict[str, Any]]:
+    shape = AnthropicErrorResponse if route.errors == "anthropic" else ErrorResponse
+    error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.__name__}"}}}
     answers: dict[int, dict[str, Any]] = {
         200: {
             "description": "The backend's answer: JSON, or a text/event-stream when `stream`",
@@ -68,13 +58,20 @@ def _proxied_answers() -> dict[int, dict[str, Any]]:
     # The backends' own (400 invalid, 404 unknown model, 413, 499 client gone, 503 not
     # ready) and the router's (502 every backend failed, 504 request timeout).
     for code in (400, 404, 413, 499, 502, 503, 504):
-        answers[code] = {"description": "An error, in OpenAI's shape", "content": error}
+        answers[code] = {"description": "An error, in the API's shape", "content": error}
     return answers
 
 
-def _error_schemas() -> dict[str, Any]:
-    found = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {**found.pop("$defs", {}), "ErrorResponse": found}
+def _component_schemas(models: Sequence[type[BaseModel]]) -> dict[str, Any]:
+    """The models' JSON schemas as components, their nested definitions among them
+    (pydantic names apart the models of one name from different modules)."""
+    keys, found = models_json_schema(
+        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+    )
+    schemas: dict[str, Any] = dict(found.get("$defs", {}))
+    for (model, _), ref in keys.items():  # each model also under its own name
+        schemas[model.__name__] = schemas[ref["$ref"].rsplit("/", 1)[-1]]
+    return schemas
 
 
 def create_app(source: Source, options: RouterOptions) -> FastAPI:
@@ -120,7 +117,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     async def proxied(request: Request, route: ProxiedRoute) -> Response:
         too_large = error_response(
             413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
-            "invalid_request_error",
+            "invalid_request_error", shape=route.errors,
         )  # fmt: skip
         declared = request.headers.get("content-length") or ""
         if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
@@ -146,7 +143,9 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(work, gone, return_exceptions=True)
         if work.cancelled():
-            return error_response(499, "the client closed the request", "client_closed")
+            return error_response(
+                499, "the client closed the request", "client_closed", shape=route.errors
+            )
         return work.result()
 
     def add_proxied(route: ProxiedRoute) -> None:
@@ -165,7 +164,9 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                     "required": True,
                     "content": {"application/json": {"schema": body}},
                 },
-                "responses": {str(code): answer for code, answer in _proxied_answers().items()},
+                "responses": {
+                    str(code): answer for code, answer in _proxied_answers(route).items()
+                },
             }
         }
 
@@ -258,11 +259,9 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
             )  # fmt: skip
             document["paths"] = {**proxied_paths, **document["paths"]}
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(_error_schemas())
-            for model in BODIES.values():
-                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                schemas.update(found.pop("$defs", {}))
-                schemas[model.__name__] = found
+            schemas.update(
+                _component_schemas([ErrorResponse, AnthropicErrorResponse, *BODIES.values()])
+            )
             app.openapi_schema = document
         return app.openapi_schema
 

@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SOURCE",
         help="where a request's session key is, first found wins: header:NAME or "
         "body:FIELD[.FIELD...]; repeatable (default: header:x-session-affinity, "
-        "header:x-prefix-hash)",
+        "header:x-prefix-hash, header:x-claude-code-session-id, body:prompt_cache_key, "
+        "body:metadata.user_id)",
     )
     p.add_argument(
         "--key-workers",

@@ -1,15 +1,18 @@
-"""The router's errors in OpenAI's shape (the daemons' own), and the HTTP status of each
-domain error: the policy says why no backend can take a request, this says what the
-client is answered."""
+"""The router's errors in the shape of each route's API (the daemons' own: OpenAI's, or
+Anthropic's on the Messages API), and the HTTP status of each domain error: the policy
+says why no backend can take a request, this says what the client is answered."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from warmfleet_common.errors import anthropic_error_body, anthropic_type, openai_error_body
 from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
 from warmfleet_router.prepare import Invalid
+from warmfleet_router.routes import ErrorShape
 
 # kind -> (status, code, type, param)
 _ROUTING: dict[type[RoutingError], tuple[int, str, str, str | None]] = {
@@ -23,9 +26,14 @@ def error_body(
     code: str | None,
     type_: str = "service_unavailable",
     param: str | None = None,
+    *,
+    shape: ErrorShape = "openai",
+    status: int = 500,
 ) -> dict[str, Any]:
-    text = message.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
-    return {"error": {"message": text, "type": type_, "param": param, "code": code}}
+    """The body in the shape of the route's API (Anthropic's types follow the status)."""
+    if shape == "anthropic":
+        return anthropic_error_body(message, anthropic_type(status))
+    return openai_error_body(message, type_, param, code)
 
 
 def error_response(
@@ -35,22 +43,35 @@ def error_response(
     type_: str = "service_unavailable",
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    *,
+    shape: ErrorShape = "openai",
 ) -> JSONResponse:
-    return JSONResponse(
-        error_body(message, code, type_, param), status_code=status, headers=headers
-    )
+    body = error_body(message, code, type_, param, shape=shape, status=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-def routing_error(exc: RoutingError) -> JSONResponse:
+def stream_error(message: str, code: str, shape: ErrorShape) -> bytes:
+    """The event that ends a stream the backend cut or timed out, in the route's API:
+    chat's `data:` line, Anthropic's `error` event, the Responses API's `error` event."""
+    if shape == "anthropic":
+        body = anthropic_error_body(message, "api_error")
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+    if shape == "responses":
+        event = {"type": "error", "code": code, "message": message, "param": None}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    return b"data: " + json.dumps(error_body(message, code)).encode() + b"\n\n"
+
+
+def routing_error(exc: RoutingError, shape: ErrorShape = "openai") -> JSONResponse:
     status, code, type_, param = next(
         v for kind, v in _ROUTING.items() if isinstance(exc, kind)
     )  # fmt: skip
-    return error_response(status, str(exc), code, type_, param)
+    return error_response(status, str(exc), code, type_, param, shape=shape)
 
 
-def invalid_request(invalid: Invalid) -> JSONResponse:
+def invalid_request(invalid: Invalid, shape: ErrorShape = "openai") -> JSONResponse:
     """What a daemon answers a request it refuses (the router refuses it first when it
     cannot even key it, or when it is larger than every backend's context)."""
     return error_response(
-        400, invalid.message, invalid.code, "invalid_request_error", invalid.param
+        400, invalid.message, invalid.code, "invalid_request_error", invalid.param, shape=shape
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from warmfleet_common.cache_layout import CacheLayout
@@ -43,10 +43,12 @@ EMPTY = RequestBlocks((), (), 0)
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """Messages and tools as the daemon hands them to its chat template."""
+    """Messages and tools as the daemon hands them to its chat template, with the extra
+    template arguments the request sets (the thinking switch of an agent API request)."""
 
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,10 @@ class Keyer(Protocol):
     fingerprint: str
 
     def chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> RequestBlocks: ...
 
     def completion(self, prompt: str | Sequence[int]) -> RequestBlocks: ...
@@ -74,7 +79,7 @@ def prompt_blocks(keyer: Keyer, prompt: Prompt) -> RequestBlocks:
     the request with its own 400)."""
     try:
         if isinstance(prompt, ChatPrompt):
-            return keyer.chat(prompt.messages, prompt.tools)
+            return keyer.chat(prompt.messages, prompt.tools, prompt.template_kwargs)
         return keyer.completion(prompt.prompt)
     except (KeyError, TypeError, ValueError, PromptError):
         return EMPTY
@@ -93,9 +98,12 @@ class LayoutKeyer:
         self._block_size = layout.block_size
 
     def chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> RequestBlocks:
-        return self._blocks(self._prompts.chat(messages, tools))
+        return self._blocks(self._prompts.chat(messages, tools, template_kwargs=template_kwargs))
 
     def completion(self, prompt: str | Sequence[int]) -> RequestBlocks:
         return self._blocks(self._prompts.completion(prompt))
@@ -118,12 +126,18 @@ class MessageKeyer:
         self._root = root_key("warmfleet-router-messages")
 
     def chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> RequestBlocks:
         keys: list[BlockKey] = []
         ends: list[int] = []
         parent, end = self._root, 0
-        pieces = [json.dumps(list(tools or []), sort_keys=True)] + [
+        head: Any = list(tools or [])
+        if template_kwargs:  # the thinking switch renders another prompt
+            head = [head, dict(template_kwargs)]
+        pieces = [json.dumps(head, sort_keys=True)] + [
             json.dumps(dict(m), sort_keys=True, default=str) for m in messages
         ]
         for piece in pieces:

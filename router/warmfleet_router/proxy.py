@@ -23,7 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from warmfleet_common import bounded
 from warmfleet_router.backend import Backend
-from warmfleet_router.errors import error_body, error_response, invalid_request, routing_error
+from warmfleet_router.errors import error_response, invalid_request, routing_error, stream_error
 from warmfleet_router.fleet import Fleet, Plan
 from warmfleet_router.policy import Reason, RoutingError
 from warmfleet_router.prepare import RequestInvalid
@@ -69,9 +69,9 @@ async def forward(
     try:
         plan = await fleet.plan(route, raw, headers)
     except RoutingError as exc:
-        return routing_error(exc)
+        return routing_error(exc, route.errors)
     except RequestInvalid as exc:
-        return invalid_request(exc.invalid)
+        return invalid_request(exc.invalid, route.errors)
     upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
@@ -90,7 +90,8 @@ async def forward(
         except UpstreamFailed as exc:
             errors.append(f"{name}: {exc}")
             log.warning("backend %s failed before the first byte: %s", name, exc)
-    return error_response(502, "every backend tried failed: " + "; ".join(errors), "backend_failed")
+    message = "every backend tried failed: " + "; ".join(errors)
+    return error_response(502, message, "backend_failed", shape=route.errors)
 
 
 async def _attempt(
@@ -146,7 +147,8 @@ async def _exchange(
         except TimeoutError as exc:
             finish("timeout", None, None)
             message = f"the backend {backend.name} did not answer within the request timeout"
-            raise _Answered(error_response(504, message, "backend_timeout")) from exc
+            answer = error_response(504, message, "backend_timeout", shape=route.errors)
+            raise _Answered(answer) from exc
 
     request = fleet.client.build_request(
         "POST",
@@ -248,7 +250,7 @@ async def _relay(
                     fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
                     message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
                 code = "backend_timeout" if timed_out else "backend_stream_cut"
-                yield b"data: " + json.dumps(error_body(message, code)).encode() + b"\n\n"
+                yield stream_error(message, code, route.errors)
                 return
             outcome = "ok"
         finally:
@@ -314,9 +316,10 @@ async def _pass_on(
 
 async def _first_progress(chunks: AsyncIterator[bytes], route: ProxiedRoute) -> bytes:
     """A stream's bytes up to its first event that carries output (text, a tool call, a
-    finish, usage, an error, the end). Daemons open with an empty assistant-role event
-    before they have computed anything; holding it back keeps a failure during prefill
-    retryable, since the client has seen nothing yet."""
+    finish, usage, an error, a keep-alive, the end). Daemons open with an empty
+    assistant-role event (Anthropic's `message_start`, the Responses API's
+    `response.created`) before they have computed anything; holding it back keeps a
+    failure during prefill retryable, since the client has seen nothing yet."""
     held = b""
     async for chunk in chunks:
         held += chunk
@@ -327,10 +330,15 @@ async def _first_progress(chunks: AsyncIterator[bytes], route: ProxiedRoute) -> 
 
 
 def _carries_output(event: bytes, route: ProxiedRoute) -> bool:
-    data = event.strip()
-    if not data.startswith(b"data:"):
-        return bool(data) and not data.startswith(b":")  # an unexpected line: pass it on
-    data = data[5:].strip()
+    """Whether an SSE event is more than the stream's opening. A keep-alive (an SSE
+    comment, Anthropic's `ping`) counts: during a long prefill the client hears from the
+    stream (the daemons send one every 5 s), and a failure after it is not retried."""
+    lines = [line.strip() for line in event.strip().split(b"\n") if line.strip()]
+    if not lines:
+        return False
+    data = next((line[5:].strip() for line in lines if line.startswith(b"data:")), None)
+    if data is None:
+        return True  # a comment (keep-alive) or an unexpected line: pass it on
     if data == b"[DONE]":
         return True
     try:

@@ -1,18 +1,22 @@
 """The routes the router proxies, as a table: what each one's request becomes for the
 keyer (its prompt, as the daemon renders it), where its response says how many prompt
-tokens were cached, and which stream events carry output. Adding a route (Anthropic's
-`/v1/messages`, OpenAI's `/v1/responses`) is an entry here plus its request-to-prompt
-function; the proxy, the keyer and the policies do not change. Plain Python, no I/O.
+tokens were cached, which stream events carry output, and whose error shape the
+router's own errors take. OpenAI's chat and completions, Anthropic's Messages (Claude
+Code) and OpenAI's Responses (Codex): agent requests are translated by the same
+`warmfleet_common.agent_apis` code the daemons render them with, so their block keys are
+the daemons'. Plain Python, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from warmfleet_common.agent_apis.anthropic import CountTokensRequest, MessagesRequest
+from warmfleet_common.agent_apis.responses import ResponsesRequest
 from warmfleet_common.contract import ChatMessage, ToolDefinition
 from warmfleet_router.keys import (
     EMPTY,
@@ -31,6 +35,9 @@ class Usage:
     cached_tokens: int
 
 
+ErrorShape = Literal["openai", "anthropic", "responses"]
+
+
 @dataclass(frozen=True)
 class ProxiedRoute:
     path: str
@@ -43,6 +50,8 @@ class ProxiedRoute:
     # Whether a stream event (a JSON object) carries output: until one does, a failure
     # is still retried elsewhere.
     carries_output: Callable[[Mapping[str, Any]], bool]
+    # The API whose error shape the router's own errors take on this route.
+    errors: ErrorShape = "openai"
 
 
 def chat_prompt(body: Mapping[str, Any]) -> Prompt | None:
@@ -102,13 +111,88 @@ def openai_output(event: Mapping[str, Any]) -> bool:
     return False
 
 
+def anthropic_prompt(body: Mapping[str, Any]) -> Prompt | None:
+    """An Anthropic Messages request as the daemon renders it (system blocks, tools,
+    tool results, the thinking switch: `agent_apis.anthropic.to_chat`)."""
+    request = (MessagesRequest if "max_tokens" in body else CountTokensRequest).model_validate(
+        body
+    )
+    chat = request.chat()
+    return ChatPrompt(chat.messages, chat.tools, chat.template_kwargs(request.options()))
+
+
+def responses_prompt(body: Mapping[str, Any]) -> Prompt | None:
+    """A Responses request as the daemon renders it (`agent_apis.responses.to_chat`)."""
+    request = ResponsesRequest.model_validate(body)
+    chat = request.chat()
+    return ChatPrompt(chat.messages, chat.tools, chat.template_kwargs(request.options()))
+
+
+def anthropic_usage(document: Mapping[str, Any]) -> Usage | None:
+    """A message's usage (its body, `message_start`'s estimate, or `message_delta`'s
+    figures): the prompt is input + cache read + cache creation tokens."""
+    usage = document.get("usage")
+    if document.get("type") == "message_start":
+        message = document.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    uncached, cached = usage.get("input_tokens"), usage.get("cache_read_input_tokens")
+    created = usage.get("cache_creation_input_tokens")
+    if not (_count(uncached) and _count(cached)):
+        return None
+    return Usage(uncached + cached + (created if _count(created) else 0), cached)
+
+
+def anthropic_output(event: Mapping[str, Any]) -> bool:
+    """Everything but the opening `message_start`: a `ping` during a long prefill too,
+    so the client hears from the stream while it waits (the daemon pings every 5 s)."""
+    return event.get("type") != "message_start"
+
+
+def responses_usage(document: Mapping[str, Any]) -> Usage | None:
+    """`usage.input_tokens` and `usage.input_tokens_details.cached_tokens`, of the body
+    or of the `response` a `response.completed` event carries."""
+    response = document.get("response") if "response" in document else document
+    usage = response.get("usage") if isinstance(response, dict) else None
+    prompt = usage.get("input_tokens") if isinstance(usage, dict) else None
+    if not _count(prompt):
+        return None
+    details = usage.get("input_tokens_details")  # type: ignore[union-attr]
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return Usage(prompt, cached if _count(cached) else 0)
+
+
+def responses_output(event: Mapping[str, Any]) -> bool:
+    """Anything past the response's creation (`response.created`/`in_progress`)."""
+    return event.get("type") not in ("response.created", "response.in_progress")
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 CHAT = ProxiedRoute(
     "/v1/chat/completions", "chat", chat_prompt, openai_usage, openai_output
 )  # fmt: skip
 COMPLETION = ProxiedRoute(
     "/v1/completions", "completion", completion_prompt, openai_usage, openai_output
 )
-ROUTES: tuple[ProxiedRoute, ...] = (CHAT, COMPLETION)
+MESSAGES = ProxiedRoute(
+    "/v1/messages", "messages", anthropic_prompt, anthropic_usage, anthropic_output, "anthropic"
+)
+COUNT_TOKENS = ProxiedRoute(
+    "/v1/messages/count_tokens",
+    "count_tokens",
+    anthropic_prompt,
+    lambda _: None,
+    lambda _: True,
+    "anthropic",
+)
+RESPONSES = ProxiedRoute(
+    "/v1/responses", "responses", responses_prompt, responses_usage, responses_output, "responses"
+)
+ROUTES: tuple[ProxiedRoute, ...] = (CHAT, COMPLETION, MESSAGES, COUNT_TOKENS, RESPONSES)
 BY_NAME = {r.name: r for r in ROUTES}
 
 
@@ -161,4 +245,11 @@ class CompletionBody(_Open):
     max_tokens: int | None = Field(None, ge=1)
 
 
-BODIES: dict[str, type[BaseModel]] = {CHAT.name: ChatBody, COMPLETION.name: CompletionBody}
+# The agent APIs' bodies as the daemons validate them (their unknown fields are 400s).
+BODIES: dict[str, type[BaseModel]] = {
+    CHAT.name: ChatBody,
+    COMPLETION.name: CompletionBody,
+    MESSAGES.name: MessagesRequest,
+    COUNT_TOKENS.name: CountTokensRequest,
+    RESPONSES.name: ResponsesRequest,
+}

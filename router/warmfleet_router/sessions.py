@@ -4,20 +4,31 @@ A request's session key comes from the first of a configurable list of sources t
 has one: a header (`header:x-session-affinity`) or a field of the JSON body
 (`body:metadata.user_id`), so agents' own session ids (Claude Code's
 `X-Claude-Code-Session-Id`, the Responses API's `prompt_cache_key`) are a source more,
-not code more. The session table maps keys to backends, least recently used forgotten
-first, within a byte budget as well as a count. A key longer than MAX_KEY_CHARS is kept
+not code more; a body field that is a JSON object with a `session_id` gives that id.
+The session table maps keys to backends, least recently used forgotten first, within a
+byte budget as well as a count. A key longer than MAX_KEY_CHARS is kept
 as its hash (a 60 KB header costs what a 32-byte one does). Plain Python, no I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_SOURCES = ("header:x-session-affinity", "header:x-prefix-hash")
+# Explicit affinity first, then the agents' own session ids: Claude Code's header, the
+# Responses API's `prompt_cache_key` (Codex's thread id), Anthropic's `metadata.user_id`
+# (Claude Code's is a JSON string whose `session_id` is used).
+DEFAULT_SOURCES = (
+    "header:x-session-affinity",
+    "header:x-prefix-hash",
+    "header:x-claude-code-session-id",
+    "body:prompt_cache_key",
+    "body:metadata.user_id",
+)
 MAX_SESSIONS = 100_000
 DEFAULT_BUDGET_BYTES = 16 << 20
 MAX_KEY_CHARS = 256
@@ -87,7 +98,23 @@ def _field(body: Mapping[str, Any], path: Sequence[str]) -> str | None:
         if not isinstance(value, Mapping):
             return None
         value = value.get(part)
-    return value if isinstance(value, str) and value else None
+    if not isinstance(value, str) or not value:
+        return None
+    return _session_id(value) or value
+
+
+def _session_id(value: str) -> str | None:
+    """The `session_id` of a value that is a JSON object holding one (Claude Code's
+    `metadata.user_id`: its device id stays the same across sessions, its session id
+    does not); None for any other value."""
+    if not value.startswith("{") or len(value) > 4096:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    found = parsed.get("session_id") if isinstance(parsed, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 class SessionTable:

@@ -1,15 +1,20 @@
-"""A real router in front of three real tiny-random daemons, driven by the `openai` client:
-prefix routing from the daemons' cache events (predicted cached tokens equal the
-daemons' own), warm sets spreading a shared system prompt, streaming passed through,
-session affinity, failover before the first byte and an error event after it."""
+"""A real router in front of three real tiny-random daemons, driven by the `openai` and
+`anthropic` clients: prefix routing from the daemons' cache events (predicted cached
+tokens equal the daemons' own) for chat, Anthropic Messages and Responses requests, warm
+sets spreading a shared system prompt, streaming passed through, session affinity (the
+agents' own session ids too), failover before the first byte and an error event after
+it."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -198,6 +203,137 @@ def test_the_session_header_keeps_a_session_on_one_backend(
         picks.append((backend, reason))
     assert len({b for b, _ in picks}) == 1
     assert [r for _, r in picks[1:]] == ["session"] * 3
+
+
+# -- the agents' APIs: Anthropic Messages (Claude Code) and Responses (Codex) -----------
+
+AGENT_SYSTEM = "You are Forge, a coding agent for a Go monorepo. Keep answers short. " * 6
+GREEDY = {"temperature": 0}  # the current anthropic SDK takes no temperature argument
+
+
+def test_anthropic_messages_follow_their_prefix_with_exact_predictions(router: Daemon) -> None:
+    """The official `anthropic` SDK through the router: a conversation stays where its
+    blocks are, and the router predicts exactly what the daemon reads from its cache."""
+    client = anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0)
+    history: list[dict[str, Any]] = []
+    backends = []
+    for turn in range(3):
+        history.append({"role": "user", "content": f"Turn {turn}: why does test {turn} fail?"})
+        raw = client.messages.with_raw_response.create(
+            model="default", system=AGENT_SYSTEM, messages=history, max_tokens=8, extra_body=GREEDY
+        )
+        message = raw.parse()
+        usage = message.usage
+        decision = last_decision(router)
+        assert decision["predicted_cached_tokens"] == usage.cache_read_input_tokens
+        assert decision["cached_tokens"] == usage.cache_read_input_tokens
+        backends.append(raw.headers["x-warmfleet-backend"])
+        if turn:
+            assert raw.headers["x-warmfleet-route-reason"] == "prefix"
+            assert usage.cache_read_input_tokens > 0
+        text = "".join(b.text for b in message.content if b.type == "text")
+        history.append({"role": "assistant", "content": text or "."})
+        wait_for_events(router)
+    assert len(set(backends)) == 1, backends
+
+
+def test_anthropic_streams_pass_through_and_count_tokens_is_proxied(router: Daemon) -> None:
+    client = anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Summarize the build log."}]
+    with client.messages.stream(
+        model="default", system=AGENT_SYSTEM, messages=messages, max_tokens=12, extra_body=GREEDY
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.usage.output_tokens == 12 and streamed.stop_reason == "max_tokens"
+    assert streamed.usage.cache_read_input_tokens > 0  # the system prompt, from the earlier test
+    decision = last_decision(router)
+    assert decision["cached_tokens"] == streamed.usage.cache_read_input_tokens
+    again = client.messages.create(
+        model="default", system=AGENT_SYSTEM, messages=messages, max_tokens=12, extra_body=GREEDY
+    )
+    assert [b.model_dump() for b in again.content] == [b.model_dump() for b in streamed.content]
+    counted = client.messages.count_tokens(
+        model="default", system=AGENT_SYSTEM, messages=messages
+    )
+    usage = streamed.usage
+    assert counted.input_tokens == (
+        usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    )
+
+
+def test_agent_session_ids_keep_a_session_on_one_backend(
+    router: Daemon, client: openai.OpenAI
+) -> None:
+    """Claude Code's session header, Anthropic's metadata.user_id (a JSON string holding
+    the session id) and the Responses API's prompt_cache_key are session keys."""
+    claude = anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0)
+    user_id = json.dumps({"device_id": "d1", "account_uuid": "", "session_id": "s-42"})
+    picks: dict[str, list[tuple[str, str]]] = {"header": [], "user_id": [], "cache_key": []}
+    for i in range(3):
+        unrelated = f"Unrelated request {i} " * (i + 1)
+        raw = claude.messages.with_raw_response.create(
+            model="default",
+            messages=[{"role": "user", "content": unrelated}],
+            max_tokens=4,
+            extra_headers={"X-Claude-Code-Session-Id": "cc-session-1"},
+        )
+        picks["header"].append(_pick(raw.headers))
+        raw = claude.messages.with_raw_response.create(
+            model="default",
+            messages=[{"role": "user", "content": "Other " + unrelated}],
+            max_tokens=4,
+            metadata={"user_id": user_id},
+        )
+        picks["user_id"].append(_pick(raw.headers))
+        raw = client.responses.with_raw_response.create(
+            model="default",
+            input="Yet another " + unrelated,
+            max_output_tokens=4,
+            prompt_cache_key="codex-thread-9",
+        )
+        picks["cache_key"].append(_pick(raw.headers))
+    for source, chosen in picks.items():
+        assert len({backend for backend, _ in chosen}) == 1, (source, chosen)
+        assert [reason for _, reason in chosen[1:]] == ["session", "session"], (source, chosen)
+
+
+def test_responses_follow_their_prefix_with_exact_predictions(
+    router: Daemon, client: openai.OpenAI
+) -> None:
+    """The `openai` SDK's Responses API through the router, streamed and not."""
+    first = client.responses.create(
+        model="default", instructions=AGENT_SYSTEM, input="Plan the fix.", max_output_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    wait_for_events(router)
+    with client.responses.stream(
+        model="default", instructions=AGENT_SYSTEM, input="Plan the rollback.",
+        max_output_tokens=8, temperature=0,
+    ) as stream:  # fmt: skip
+        second = stream.get_final_response()
+    assert first.usage is not None and second.usage is not None
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached > 0
+    decision = last_decision(router)
+    assert decision["predicted_cached_tokens"] == decision["cached_tokens"] == cached
+
+
+def test_router_errors_on_agent_routes_take_their_api_shape(router: Daemon) -> None:
+    r = httpx.post(
+        f"{router.url}/v1/messages",
+        json={"model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )  # fmt: skip
+    assert r.status_code == 404
+    assert r.json() == {"type": "error", "error": {"type": "not_found_error", "message": ANY}}
+    r = httpx.post(
+        f"{router.url}/v1/responses", json={"model": "no-such-model", "input": "hi"}, timeout=30
+    )
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def _pick(headers: Any) -> tuple[str, str]:
+    return headers["x-warmfleet-backend"], headers["x-warmfleet-route-reason"]
 
 
 def test_bad_input_gets_the_daemons_error_and_changes_nothing(router: Daemon) -> None:

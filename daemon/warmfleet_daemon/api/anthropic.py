@@ -11,8 +11,8 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
+from warmfleet_common.errors import anthropic_error_body, anthropic_type
 from warmfleet_daemon.api import generation as gen
-from warmfleet_daemon.api.errors import ANTHROPIC_TYPES, anthropic_error_body
 from warmfleet_daemon.api.output import OutputSplitter, Piece, merge
 from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, Usage
@@ -175,7 +175,7 @@ def _delta(index: int, delta: dict[str, Any]) -> bytes:
 
 
 def error_event(status: int, message: str) -> bytes:
-    return sse("error", anthropic_error_body(message, ANTHROPIC_TYPES.get(status, "api_error")))
+    return sse("error", anthropic_error_body(message, anthropic_type(status)))
 
 
 async def stream(

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from warmfleet_common.errors import (
+    anthropic_error_body,
+    anthropic_type,
+    openai_error_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,57 +35,11 @@ _TYPES = {
 }
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """The error body of every route (OpenAI's shape)."""
-
-    error: ErrorDetail
-
-
-class AnthropicErrorDetail(BaseModel):
-    type: str
-    message: str
-
-
-class AnthropicErrorResponse(BaseModel):
-    """The error body of the Anthropic Messages routes (Anthropic's shape)."""
-
-    type: Literal["error"] = "error"
-    error: AnthropicErrorDetail
-
-
-# Anthropic's error types by HTTP status; a loading (or, later, busy) engine is its
-# `overloaded_error`, kept as a 503 (the SDKs and Claude Code retry both).
-ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    499: "invalid_request_error",
-    500: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
 ANTHROPIC_PREFIX = "/v1/messages"
 
 
 def speaks_anthropic(path: str) -> bool:
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
-
-
-def anthropic_error_body(message: str, type_: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": type_, "message": _utf8(message)}}
 
 
 def error_json(
@@ -93,7 +52,7 @@ def error_json(
 ) -> dict[str, Any]:
     """The error body a route at `path` answers with."""
     if speaks_anthropic(path):
-        return anthropic_error_body(message, ANTHROPIC_TYPES.get(status, "api_error"))
+        return anthropic_error_body(message, anthropic_type(status))
     return error_body(message, type_, param, code)
 
 
@@ -117,23 +76,7 @@ class APIError(Exception):
         self.type = type_ or _TYPES.get(status, "server_error")
 
 
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": _utf8(message),
-            "type": type_,
-            "param": None if param is None else _utf8(param),
-            "code": code,
-        }
-    }
-
-
-def _utf8(text: str) -> str:
-    # Messages may quote client input; a lone surrogate in it would make the body
-    # unencodable (and the error a 500).
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+error_body = openai_error_body
 
 
 def install_error_handlers(app: FastAPI) -> None:

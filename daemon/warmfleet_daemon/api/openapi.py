@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from warmfleet_daemon.api.errors import ErrorResponse
+from warmfleet_common.errors import ErrorResponse
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 _FASTAPI_VALIDATION = "#/components/schemas/HTTPValidationError"

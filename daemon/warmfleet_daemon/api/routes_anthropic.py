@@ -15,10 +15,11 @@ from warmfleet_common.agent_apis.anthropic import (
     CountTokensRequest,
     MessagesRequest,
 )
+from warmfleet_common.errors import AnthropicErrorResponse
 from warmfleet_daemon.api import anthropic
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
-from warmfleet_daemon.api.errors import AnthropicErrorResponse, APIError
+from warmfleet_daemon.api.errors import APIError
 
 log = logging.getLogger(__name__)
 

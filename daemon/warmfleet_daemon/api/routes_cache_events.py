@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.cache_layout import CacheLayout, export_layout
+from warmfleet_common.errors import ErrorResponse
 from warmfleet_common.wire import (
     CacheSnapshot,
     EventsHeartbeat,
@@ -27,7 +28,6 @@ from warmfleet_common.wire import (
     event_line,
 )
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.api.errors import ErrorResponse
 from warmfleet_daemon.engine.core import Engine
 
 router = APIRouter(

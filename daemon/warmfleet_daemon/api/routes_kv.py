@@ -9,8 +9,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from warmfleet_common.chunking import Chunk
+from warmfleet_common.errors import ErrorResponse
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.api.errors import APIError, ErrorResponse
+from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.kvtransfer.codec import BlockCodec
 from warmfleet_daemon.kvtransfer.peers import MAX_KEYS
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer

@@ -1,0 +1,119 @@
+"""The agent APIs' routes in the router, without a daemon: a request's blocks are the
+daemon's (the same translation and template switches), usage and stream progress are
+read from each API's events, agent session ids are session keys."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from support.thinking import thinking_tokenizer
+from warmfleet_common.agent_apis.anthropic import MessagesRequest
+from warmfleet_common.cache_layout import export_layout
+from warmfleet_common.chunking import plan_chunks, root_key
+from warmfleet_common.prompts import PromptBuilder
+from warmfleet_router.keys import LayoutKeyer
+from warmfleet_router.routes import (
+    MESSAGES,
+    RESPONSES,
+    Usage,
+    anthropic_output,
+    anthropic_usage,
+    request_blocks,
+    responses_output,
+    responses_usage,
+)
+from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys, body_values
+
+ROOT = root_key("router-agent-routes")
+BODY: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 16,
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.0b8;"},
+        {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}},
+    ],
+    "tools": [{"name": "Bash", "description": "run it", "input_schema": {"type": "object"}}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "fix the build"}]}],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return thinking_tokenizer()
+
+
+def _daemon_keys(tokenizer: Any, body: dict[str, Any]) -> tuple[bytes, ...]:
+    """What the daemon computes: its translation, its prompt builder, its chunk plan."""
+    request = MessagesRequest.model_validate(body)
+    chat = request.chat()
+    prompt = PromptBuilder(tokenizer).chat(
+        chat.messages, chat.tools, template_kwargs=chat.template_kwargs(request.options())
+    )
+    chunks = plan_chunks(prompt.tokens, block_size=8, cuts=prompt.cuts, root=ROOT)
+    return tuple(c.key for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "thinking", [None, {"type": "disabled"}, {"type": "enabled", "budget_tokens": 64}]
+)
+def test_an_anthropic_request_has_the_daemons_blocks(tokenizer: Any, thinking: Any) -> None:
+    body = {**BODY, **({"thinking": thinking} if thinking else {})}
+    keyer = LayoutKeyer(export_layout(tokenizer, model="m", root=ROOT, block_size=8))
+    assert request_blocks(keyer, MESSAGES, body).keys == _daemon_keys(tokenizer, body)
+
+
+def test_the_thinking_switch_renders_another_prompt(tokenizer: Any) -> None:
+    keyer = LayoutKeyer(export_layout(tokenizer, model="m", root=ROOT, block_size=8))
+    off = request_blocks(keyer, MESSAGES, {**BODY, "thinking": {"type": "disabled"}})
+    on = request_blocks(keyer, MESSAGES, BODY)
+    assert off.keys[-1] != on.keys[-1] and off.tokens > on.tokens
+
+
+def test_a_body_that_is_no_request_has_no_blocks(tokenizer: Any) -> None:
+    keyer = LayoutKeyer(export_layout(tokenizer, model="m", root=ROOT, block_size=8))
+    assert request_blocks(keyer, MESSAGES, {"model": "m", "messages": "nope"}).keys == ()
+    assert request_blocks(keyer, RESPONSES, {"model": "m", "input": 5}).keys == ()
+
+
+def test_anthropic_usage_from_the_body_and_the_stream() -> None:
+    usage = {"input_tokens": 7, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 3}
+    assert anthropic_usage({"type": "message", "usage": usage}) == Usage(100, 90)
+    start = {"type": "message_start", "message": {"usage": {**usage, "output_tokens": 1}}}
+    assert anthropic_usage(start) == Usage(100, 90)
+    assert anthropic_usage({"type": "message_delta", "usage": {"output_tokens": 5}}) is None
+    assert anthropic_usage({"type": "message_delta", "usage": usage}) == Usage(100, 90)
+    assert anthropic_usage({"usage": {"input_tokens": True, "cache_read_input_tokens": 1}}) is None
+
+
+def test_responses_usage_from_the_body_and_the_completed_event() -> None:
+    usage = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96}}
+    assert responses_usage({"object": "response", "usage": usage}) == Usage(120, 96)
+    done = {"type": "response.completed", "response": {"usage": usage}}
+    assert responses_usage(done) == Usage(120, 96)
+    assert responses_usage({"type": "response.created", "response": {"usage": None}}) is None
+
+
+def test_stream_progress_holds_back_only_the_opening() -> None:
+    assert not anthropic_output({"type": "message_start", "message": {}})
+    assert anthropic_output({"type": "ping"})  # a long prefill: the client hears from us
+    assert anthropic_output({"type": "content_block_delta"})
+    assert not responses_output({"type": "response.created"})
+    assert not responses_output({"type": "response.in_progress"})
+    assert responses_output({"type": "response.output_text.delta"})
+
+
+def test_agent_session_ids_are_session_keys() -> None:
+    keys = SessionKeys(DEFAULT_SOURCES)
+    user_id = json.dumps({"device_id": "d", "account_uuid": "", "session_id": "s-1"})
+    assert keys.of({"x-claude-code-session-id": "cc-1"}, ()) == "cc-1"
+    values = body_values({"metadata": {"user_id": user_id}}, keys.body_paths)
+    assert keys.of({}, values) == "s-1"  # the session, not the device every session shares
+    values = body_values({"metadata": {"user_id": "alice"}}, keys.body_paths)
+    assert keys.of({}, values) == "alice"
+    values = body_values({"prompt_cache_key": "thread-9"}, keys.body_paths)
+    assert keys.of({}, values) == "thread-9"
+    # Explicit affinity first.
+    assert keys.of({"x-session-affinity": "a", "x-claude-code-session-id": "cc-1"}, ()) == "a"
