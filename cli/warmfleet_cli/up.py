@@ -55,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-port", type=int, default=9090)
     p.add_argument("--cache-memory-mb", type=int, help="each daemon's prefix-cache budget")
     p.add_argument("--block-size", type=int, help="each daemon's cache block size")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        metavar="N",
+        help="each daemon's context in tokens, beyond the model's own if need be (Claude "
+        "Code's first request is ~12k tokens: the embedded model's 8,192 are too few)",
+    )
 
 
 @dataclass
@@ -179,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
                 cmd += ["--cache-memory-mb", str(args.cache_memory_mb)]
             if args.block_size is not None:
                 cmd += ["--block-size", str(args.block_size)]
+            if args.max_context is not None:
+                cmd += ["--max-context", str(args.max_context)]
             children.append(Child(f"node-{i + 1}", _spawn(cmd)))
             _say(f"daemon node-{i + 1:<4} http://{args.host}:{port}  (model {args.model})")
         children.append(
