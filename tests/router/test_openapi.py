@@ -74,7 +74,7 @@ def _daemon(tiny_daemon: Daemon) -> Iterator[None]:
 )
 def test_every_operation_answers_as_documented(case: Any) -> None:
     if isinstance(case.body, dict):
-        for field in ("max_tokens", "max_completion_tokens", "n"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens", "n"):
             if isinstance(case.body.get(field), int) and case.body[field] > MAX_TOKENS:
                 case.body[field] = MAX_TOKENS
     case.call_and_validate(

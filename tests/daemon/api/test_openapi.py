@@ -55,7 +55,7 @@ def _shut_down() -> Any:
 )
 def test_every_operation_answers_as_documented(case: Any) -> None:
     if isinstance(case.body, dict):
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if isinstance(case.body.get(field), int) and case.body[field] > MAX_TOKENS:
                 case.body[field] = MAX_TOKENS
     case.call_and_validate(
