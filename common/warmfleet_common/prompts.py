@@ -166,6 +166,64 @@ class PromptBuilder:
         cuts = tuple(c for c in rendered.cuts if c < last_cut)
         return RenderedPrompt(rendered.tokens[:last_cut], cuts, None)
 
+    def next_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        tool_call_ids: Sequence[str] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RenderedPrompt]:
+        """The strict prefixes the next request of a conversation starts with, once
+        `messages` ends with the assistant's answer as the client will send it back:
+        rendered with the next message(s) as probes, cut where the first one's content
+        starts, with the cuts that request will have (the same message count, so the
+        same chunk plan). The next message is a user message, or after tool calls one
+        tool result per call (`tool_call_ids`); when both may follow and they part
+        before their contents start, both prefixes (they share every block before)."""
+        variants: list[list[Message]] = [[{"role": "user", "content": _PROBES[0]}]]
+        if tool_call_ids:
+            tool: list[Message] = [
+                {"role": "tool", "tool_call_id": i, "content": _PROBES[0]} for i in tool_call_ids
+            ]
+            variants.insert(0, tool)  # what an agent sends after its tool calls
+        out: list[RenderedPrompt] = []
+        for probe in variants:
+            conversation = [*messages, *probe]
+            rendered = self.chat(conversation, tools, template_kwargs=template_kwargs)
+            end = self._probe_start(conversation, len(messages), tools, template_kwargs, rendered)
+            if not end:
+                continue
+            prefix = RenderedPrompt(
+                rendered.tokens[:end], tuple(c for c in rendered.cuts if c < end), None
+            )
+            if prefix not in out:
+                out.append(prefix)
+        if not out:
+            raise PromptError("the chat template gives no stable prefix for the next turn")
+        return out
+
+    def _probe_start(
+        self,
+        conversation: Sequence[Message],
+        index: int,
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        rendered: RenderedPrompt,
+    ) -> int:
+        """Where message `index` (the first probe) starts in `rendered`: its cut, or
+        where no cut is looked for (past the first messages, not among the last), the
+        tokens every content shares there (the next request's blocks before it match)."""
+        given = rendered.message_starts[index] if index < len(rendered.message_starts) else 0
+        if given:
+            return given
+        converted, tools = self._with_tools(conversation, tools)
+        shift = len(converted) - len(conversation)
+        found = self._content_start(converted, index + shift, tools, dict(template_kwargs or {}))
+        if found is None or not 0 < found[0] < len(rendered.tokens):
+            return 0
+        return found[0] if _digest(rendered.tokens[: found[0]]) == found[1] else 0
+
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(tokens)))
 

@@ -181,6 +181,9 @@ class DaemonStatus(_Wire):
     started_at: str | None = None
     model: StatusModel | None = None
     engine: dict[str, Any] | None = None
+    next_turn: dict[str, Any] | None = Field(
+        None, description="conversations' next prefixes, prefilled at idle priority"
+    )
     cache: StatusCache | None = None
     warm_sets: list[WarmSetStatus] | None = None
     kv_transfer: dict[str, Any] | None = None

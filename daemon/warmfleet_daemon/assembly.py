@@ -21,6 +21,7 @@ from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.engine.kv import BlockPayload
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
+from warmfleet_daemon.next_turn import NextTurns
 from warmfleet_daemon.pins import TimedPins
 from warmfleet_daemon.settings import DaemonSettings, MiB
 from warmfleet_daemon.state_store import StateStore
@@ -41,6 +42,7 @@ class Ready:
     events: CacheEventLog[BlockPayload]  # the router's feed: GET /v1/cache/events
     transfer: KVTransfer | None = None
     pins: TimedPins | None = None  # prefixes kept by cache_control (Anthropic)
+    next_turn: NextTurns | None = None  # conversations' next prefixes, at idle priority
 
     @property
     def model(self) -> LoadedModel:
@@ -151,8 +153,18 @@ class DaemonState:
         if settings.warm_prompts:
             self._apply_warm_prompts_file(warm, settings.warm_prompts)
         # Ready only now: `/readyz?warm=1` must not see an empty, vacuously warm set list.
+        next_turn = NextTurns(engine, prompts) if settings.next_turn_prefill else None
         self.ready = Ready(
-            engine, prompts, frozenset(ids), warm, telemetry, diagnostics, events, transfer, pins
+            engine,
+            prompts,
+            frozenset(ids),
+            warm,
+            telemetry,
+            diagnostics,
+            events,
+            transfer,
+            pins,
+            next_turn,
         )
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:
@@ -174,6 +186,8 @@ class DaemonState:
             if self.ready.pins is not None:
                 self.ready.pins.stop()
             self.ready.diagnostics.stop()
+            if self.ready.next_turn is not None:
+                self.ready.next_turn.stop()
             if self.ready.transfer is not None:
                 self.ready.transfer.stop()
             self.ready.engine.stop()

@@ -86,7 +86,7 @@ class CacheDiagnostics:
         """Engine observer (engine thread): O(1), no analysis here."""
         tokens = request.prompt.tokens
         if request.prefill_only:
-            if event.finish_reason == "prefilled":
+            if event.finish_reason == "prefilled" and not request.idle:
                 with self._lock:
                     self._warm[hash(tokens)] = tokens
                     self._warm.move_to_end(hash(tokens))

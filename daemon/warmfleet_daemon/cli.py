@@ -66,6 +66,14 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "warning is logged; e.g. the embedded model's 8192 tokens are less than Claude "
         "Code's first request)",
     )
+    p.add_argument(
+        "--no-next-turn-prefill",
+        dest="next_turn_prefill",
+        action="store_const",
+        const=False,
+        help="do not prefill a conversation's next prefix (its answer and the next "
+        "message's header) at idle priority after each response",
+    )
     p.add_argument("--default-max-tokens", type=int)
     p.add_argument("--default-temperature", type=float)
     p.add_argument(

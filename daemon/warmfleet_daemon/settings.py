@@ -66,6 +66,11 @@ class DaemonSettings(BaseSettings):
         description="serve this many tokens of context, beyond the model's configured "
         "length if need be (logged as a warning: quality past it is the model's own)",
     )
+    next_turn_prefill: bool = Field(
+        True,
+        description="after a chat response, prefill the conversation's next prefix (its "
+        "answer and the next message's header) at idle priority",
+    )
     default_max_tokens: int = Field(512, ge=1)
     default_temperature: float = Field(
         1.0, ge=0.0, le=2.0, description="when a request sets none (OpenAI's default is 1)"

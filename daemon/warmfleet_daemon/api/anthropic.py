@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -121,6 +121,7 @@ class _Blocks:
         self.open: str | None = None
         self.thinking_shown = thinking_shown
         self.calls = 0
+        self.content: list[dict[str, Any]] = []  # the blocks as sent, whole
 
     def close(self) -> list[bytes]:
         if self.open is None:
@@ -136,6 +137,7 @@ class _Blocks:
             self.index += 1
             self.calls += 1
             block = block_of(piece, self.thinking_shown)
+            self.content.append(block)
             arguments = json.dumps(block["input"], ensure_ascii=False)
             out.append(_start(self.index, {**block, "input": {}}))
             out.append(_delta(self.index, {"type": "input_json_delta", "partial_json": arguments}))
@@ -153,10 +155,14 @@ class _Blocks:
                 else {"type": "text", "text": ""}
             )
             out.append(_start(self.index, empty))
+            self.content.append(dict(empty))
+        block = self.content[-1]
         if piece.kind == "thinking":
+            block["thinking"] += piece.text if self.thinking_shown else ""
             if self.thinking_shown and piece.text:
                 out.append(_delta(self.index, {"type": "thinking_delta", "thinking": piece.text}))
         elif piece.text:
+            block["text"] += piece.text
             out.append(_delta(self.index, {"type": "text_delta", "text": piece.text}))
         return out
 
@@ -179,9 +185,13 @@ def error_event(status: int, message: str) -> bytes:
 
 
 async def stream(
-    ready: Ready, request: gen.AgentRequest, model: str
+    ready: Ready,
+    request: gen.AgentRequest,
+    model: str,
+    answered: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The response as Anthropic's server-sent events."""
+    """The response as Anthropic's server-sent events; `answered` gets the content
+    blocks as sent once the answer is complete."""
     start: dict[str, Any] = {
         "id": message_id(),
         "type": "message",
@@ -234,3 +244,5 @@ async def stream(
         },
     )
     yield sse("message_stop", {"type": "message_stop"})
+    if answered is not None and final.finish_reason in ("stop", "length"):
+        answered(blocks.content)

@@ -23,6 +23,9 @@ from warmfleet_daemon.engine.processors import TokenLogprob
 
 TokenBytes = Callable[[int], bytes]
 ParserFactory = Callable[[], OutputSplitter]
+Renderer = Callable[[Event], list[dict[str, Any]]]
+# Finish reasons of an answer the client will send back on its next turn.
+ANSWERED = frozenset({"stop", "length"})
 
 
 def _parts(pieces: list[Piece]) -> tuple[str, str, list[dict[str, Any]]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -244,9 +244,14 @@ class _Stream:
 
 
 async def stream(
-    ready: Ready, body: ResponsesRequest, request: gen.AgentRequest, model: str
+    ready: Ready,
+    body: ResponsesRequest,
+    request: gen.AgentRequest,
+    model: str,
+    answered: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The response as the Responses API's server-sent events."""
+    """The response as the Responses API's server-sent events; `answered` gets the
+    output items once the answer is complete."""
     state = _Stream(request)
     current = envelope(body, _id("resp"), model, time.time())
     yield state.event("response.created", response=current)
@@ -291,3 +296,5 @@ async def stream(
     # Also when max_output_tokens cut it (status "incomplete"): Codex and the SDK's
     # stream helper treat a stream without response.completed as failed.
     yield state.event("response.completed", response=current)
+    if answered is not None and final.finish_reason in ("stop", "length"):
+        answered(state.output)

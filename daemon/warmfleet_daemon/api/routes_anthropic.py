@@ -16,7 +16,7 @@ from warmfleet_common.agent_apis.anthropic import (
     MessagesRequest,
 )
 from warmfleet_common.errors import AnthropicErrorResponse
-from warmfleet_daemon.api import anthropic
+from warmfleet_daemon.api import anthropic, choices, continuations
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.errors import APIError
@@ -73,15 +73,22 @@ async def messages(
         user=body.metadata.user_id[:256] if body.metadata and body.metadata.user_id else None,
     )
     model = state.served_name()
+
+    def answered(blocks: list[dict[str, Any]]) -> None:
+        continuations.messages(ready, body, blocks)
+
     if body.stream:
         return StreamingResponse(
-            _ending_on_error(anthropic.stream(ready, request, model)),
+            _ending_on_error(anthropic.stream(ready, request, model, answered)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     done = (await gen.collect(ready, [request.generation], http))[0]
     gen.hold_breakpoints(ready, request)
-    return anthropic.message(ready, request, model, done.text, done.final, done.tokens)
+    answer = anthropic.message(ready, request, model, done.text, done.final, done.tokens)
+    if done.final.finish_reason in choices.ANSWERED:
+        continuations.messages(ready, body, answer["content"])
+    return answer
 
 
 @router.post("/messages/count_tokens", responses=_errors(400, 404, 413, 499))

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from warmfleet_daemon.api import choices
+from warmfleet_daemon.api import choices, continuations
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.constraints import tool_choice
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
@@ -22,6 +22,7 @@ from warmfleet_daemon.api.schemas import (
     ModelList,
 )
 from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
+from warmfleet_daemon.engine.core import Event
 
 router = APIRouter(prefix="/v1", responses=errors(503))
 # A generation route: JSON, or server-sent events with `stream: true`.
@@ -50,12 +51,27 @@ async def chat_completions(
         tool_parser = ToolCallParser(fmt, tools) if parse_tools else None
         return OutputSplitter(markers, tool_parser, thinking_first=thinking_first)
 
+    def deltas(i: int) -> choices.Renderer:
+        render = choices.chat_deltas(i, parser(), token_bytes)
+        if i:
+            return render
+        answer = continuations.ChatAnswer()
+
+        def rendered(event: Event) -> list[dict[str, Any]]:
+            out = render(event)
+            answer.add(out)
+            if event.finish_reason in choices.ANSWERED:
+                continuations.chat(ready, body, answer.message())
+            return out
+
+        return rendered
+
     if body.stream:
         return gen.streaming_response(
             ready,
             requests,
             base={"id": rid, "object": "chat.completion.chunk", "created": created, "model": model},
-            choice=lambda i: choices.chat_deltas(i, parser(), token_bytes),
+            choice=deltas,
             first=lambda i: {
                 "index": i,
                 "delta": {"role": "assistant", "content": ""},
@@ -65,13 +81,16 @@ async def chat_completions(
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
     done = await gen.collect(ready, requests, http)
-    return ChatCompletion(
+    completion = ChatCompletion(
         id=rid,
         created=created,
         model=model,
         choices=[choices.chat_choice(i, c, parser(), token_bytes) for i, c in enumerate(done)],
         usage=gen.usage_info(gen.total_usage([c.final for c in done])),
     )
+    if done[0].final.finish_reason in choices.ANSWERED:
+        continuations.chat(ready, body, completion.choices[0].message.model_dump())
+    return completion
 
 
 @router.post("/completions", response_model=Completion, responses=_GENERATION)

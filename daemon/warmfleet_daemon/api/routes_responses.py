@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from warmfleet_common.agent_apis.responses import ResponsesRequest
+from warmfleet_daemon.api import choices, continuations, responses
 from warmfleet_daemon.api import generation as gen
-from warmfleet_daemon.api import responses
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
 
@@ -45,11 +45,18 @@ async def create_response(
     )
     if body.stream:
         return StreamingResponse(
-            responses.stream(ready, body, request, model),
+            responses.stream(
+                ready,
+                body,
+                request,
+                model,
+                lambda output: continuations.responses(ready, body, output),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
         )
     done = (await gen.collect(ready, [request.generation], http))[0]
-    return JSONResponse(
-        responses.response(ready, body, request, model, done.text, done.final), headers=headers
-    )
+    answer = responses.response(ready, body, request, model, done.text, done.final)
+    if done.final.finish_reason in choices.ANSWERED:
+        continuations.responses(ready, body, answer["output"])
+    return JSONResponse(answer, headers=headers)

@@ -82,6 +82,8 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
             device="gpu" if model.on_gpu else "cpu",
         ),
         engine=asdict(ready.engine.stats()),
+        # Conversations' next prefixes, prefilled at idle priority after each response.
+        next_turn=asdict(ready.next_turn.stats()) if ready.next_turn else None,
         cache=StatusCache(
             **asdict(cache), hit_rate=cache.hit_rate, tokens_saved=cache.tokens_saved
         ),

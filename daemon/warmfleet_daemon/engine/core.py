@@ -6,6 +6,10 @@ the others for more than a chunk, and the next chunk goes to the prompt with the
 fewest tokens left, aged by its wait (`prefill_order`): short prompts get their first
 token quickly and long ones within a bounded wait.
 
+Idle-priority prefills (the next turn of a conversation, computed once its response
+ended) run one chunk at a time in steps with nothing else to do: a request that
+arrives meanwhile waits for at most that chunk.
+
 At most `max_num_seqs` sequences prefill or decode at once; the others wait in arrival
 order, except that the choices of one request (OpenAI `n`) hold at most half of the
 slots: a large `n` cannot keep every other request waiting until one of its choices
@@ -57,6 +61,7 @@ from warmfleet_daemon.prefix_cache import PrefixCache
 log = logging.getLogger(__name__)
 
 _CLEAR_EVERY = 256  # decode steps between releases of MLX's buffer cache
+_MAX_IDLE = 64  # idle-priority prefills kept waiting; beyond, the oldest are dropped
 
 
 class EngineError(RuntimeError):
@@ -114,6 +119,9 @@ class GenerationRequest:
     # The choices of one client request (OpenAI `n`) share a group: together they hold at
     # most `slot_share` sequence slots, so other requests keep being admitted.
     group: str | None = None
+    # Idle priority (the next turn's prefix, computed after a response): prefill-only,
+    # one chunk per engine step that has nothing else to do (no decode, no prefill).
+    idle: bool = False
 
     @property
     def group_key(self) -> str:
@@ -131,6 +139,8 @@ class EngineStats:
     requests_total: int
     generated_tokens_total: int
     prefill_tokens_total: int  # tokens actually computed by prefill
+    idle_waiting: int = 0  # idle-priority prefills (next turns) not finished yet
+    idle_tokens_total: int = 0  # of prefill_tokens_total, computed at idle priority
 
 
 @dataclass(eq=False)
@@ -222,6 +232,8 @@ class Engine:
         self._prefilling: list[_Sequence] = []
         self._decoding: list[_Sequence] = []
         self._cancelled: set[str] = set()
+        # Idle-priority prefills, oldest first; the first is the one being computed.
+        self._idle: deque[_Sequence] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._arrivals = itertools.count()
@@ -231,6 +243,7 @@ class Engine:
         self._requests_total = 0
         self._generated_total = 0
         self._prefill_total = 0
+        self._idle_total = 0
         self._bytes_per_token, self._bytes_per_block = self._measure_block_bytes()
         self.grammars = GrammarCompiler(loaded.tokenizer)
         # Called on the engine thread with each finished request (telemetry).
@@ -278,9 +291,12 @@ class Engine:
             stops=StopStringFilter(request.sampling.stop),
             processors=SequenceProcessors(request.sampling, tokens, mask),
         )
+        if request.idle and not request.prefill_only:
+            raise EngineError("an idle-priority request only prefills")
         with self._lock:
             self._inbox.append(seq)
-            self._requests_total += 1
+            if not request.idle:
+                self._requests_total += 1
         self._wake.set()
 
     def plan(self, prompt: RenderedPrompt) -> list[Chunk]:
@@ -435,7 +451,8 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            waiting = len(self._inbox) + len(self._waiting)
+            waiting = sum(not s.request.idle for s in self._inbox) + len(self._waiting)
+            idle = len(self._idle) + sum(s.request.idle for s in self._inbox)
         return EngineStats(
             running=len(self._decoding),
             prefilling=len(self._prefilling),
@@ -446,6 +463,8 @@ class Engine:
             requests_total=self._requests_total,
             generated_tokens_total=self._generated_total,
             prefill_tokens_total=self._prefill_total,
+            idle_waiting=idle,
+            idle_tokens_total=self._idle_total,
         )
 
     def clear_prefix_cache(self) -> int:
@@ -476,6 +495,14 @@ class Engine:
             self._guard([seq], functools.partial(self._prefill_step, seq))
             budget -= self._prefill_total - before
             worked = True
+        if not worked and self._idle:
+            # Idle work only in a step with nothing else to do, one chunk: a request that
+            # arrives meanwhile waits at most this chunk.
+            seq = self._idle[0]
+            before = self._prefill_total
+            self._guard([seq], functools.partial(self._prefill_step, seq))
+            self._idle_total += self._prefill_total - before
+            worked = True
         return worked
 
     def run_until_idle(self) -> None:
@@ -489,7 +516,7 @@ class Engine:
             if not self.step():
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
-        for seq in [*self._waiting, *self._prefilling, *self._decoding, *self._inbox]:
+        for seq in [*self._waiting, *self._prefilling, *self._decoding, *self._inbox, *self._idle]:
             seq.sink(Event("", finish_reason="abort", error="engine stopped"))
 
     def _guard(self, seqs: list[_Sequence], step: Callable[[], None]) -> None:
@@ -502,11 +529,14 @@ class Engine:
 
     def _take_inbox(self) -> None:
         with self._lock:
-            self._waiting.extend(self._inbox)
+            for seq in self._inbox:
+                (self._idle if seq.request.idle else self._waiting).append(seq)
             self._inbox.clear()
             cancelled, self._cancelled = self._cancelled, set()
+        while len(self._idle) > _MAX_IDLE:  # the oldest conversations' next turns go
+            self._finish(self._idle[1], "abort", "")
         if cancelled:
-            for seq in [*self._waiting, *self._prefilling, *self._decoding]:
+            for seq in [*self._waiting, *self._prefilling, *self._decoding, *self._idle]:
                 if seq.request.request_id in cancelled:
                     self._finish(seq, "abort", "")
         free = self.config.max_num_seqs - len(self._prefilling) - len(self._decoding)
@@ -790,6 +820,8 @@ class Engine:
             self._prefilling.remove(seq)
         if seq in self._waiting:
             self._waiting.remove(seq)
+        if seq in self._idle:
+            self._idle.remove(seq)
         now = time.perf_counter()
         start = seq.started_at or now
         first = seq.first_token_at or now
