@@ -185,6 +185,9 @@ class DaemonStatus(_Wire):
         None, description="conversations' next prefixes, prefilled at idle priority"
     )
     cache: StatusCache | None = None
+    disk_tier: dict[str, Any] | None = Field(
+        None, description='the disk tier: null without one; state "off" with its error'
+    )
     warm_sets: list[WarmSetStatus] | None = None
     kv_transfer: dict[str, Any] | None = None
     warm_set_counts: WarmSetCounts | None = None

@@ -110,6 +110,8 @@ class DaemonState:
             warm_from=settings.warm_from,
             peer_token=settings.admin_token,
             peer_deadline_s=settings.warm_from_deadline_s,
+            cache_dir=settings.resolved_cache_dir(),
+            cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
         )
         engine.start()
         loaded = engine.loaded

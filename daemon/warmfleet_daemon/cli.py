@@ -95,6 +95,18 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         help="disk budget of the KV snapshots in --state-dir (default 4096; 0: no snapshots)",
     )
     p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the disk tier: every cache block is also written here (write-behind) and read "
+        "back instead of prefilled, also after a restart (default: kv-cache in --state-dir)",
+    )
+    p.add_argument(
+        "--cache-disk-mb",
+        type=int,
+        metavar="MB",
+        help="disk budget of the disk tier, least recently used out (default 16384; 0: none)",
+    )
+    p.add_argument(
         "--warm-from",
         action="append",
         metavar="URL",

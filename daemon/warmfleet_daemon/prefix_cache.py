@@ -105,6 +105,9 @@ class PrefixCache(Generic[P]):
         self._rejected = 0
         self._lock = threading.RLock()
         self.listeners: list[BlockListener[P]] = []
+        # Called under the lock with each block evicted for room (not dropped or cleared):
+        # a lower tier keeps it. Must not block.
+        self.spill: Callable[[BlockView[P]], None] | None = None
 
     # -- lookup ---------------------------------------------------------------
 
@@ -279,6 +282,8 @@ class PrefixCache(Generic[P]):
             )
             if victim is None:
                 return False
+            if self.spill is not None:
+                self.spill(_view(victim))
             self._remove(victim)
             self._evictions += 1
             self._evicted_bytes += victim.nbytes

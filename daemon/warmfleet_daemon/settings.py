@@ -103,6 +103,14 @@ class DaemonSettings(BaseSettings):
     snapshot_disk_mb: int = Field(
         4096, ge=0, description="disk for KV snapshots of warm blocks in --state-dir; 0: none"
     )
+    cache_dir: str | None = Field(
+        None,
+        description="the disk tier: every cache block is also written here, and read back "
+        "instead of prefilled (default: kv-cache in --state-dir)",
+    )
+    cache_disk_mb: int = Field(
+        16384, ge=0, description="disk budget of the disk tier (LRU); 0: no disk tier"
+    )
     warm_from: list[str] = Field(
         default_factory=list,
         description="peer daemons to copy warm blocks from before prefilling (same fingerprint)",
@@ -127,6 +135,13 @@ class DaemonSettings(BaseSettings):
         if bad:
             raise ValueError(f"--warm-from takes http(s) base URLs; not: {', '.join(bad)}")
         return [u.rstrip("/") for u in urls]
+
+    def resolved_cache_dir(self) -> str | None:
+        if self.cache_disk_mb == 0:
+            return None
+        if self.cache_dir:
+            return self.cache_dir
+        return os.path.join(self.state_dir, "kv-cache") if self.state_dir else None
 
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()

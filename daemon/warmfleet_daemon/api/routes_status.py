@@ -87,6 +87,9 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
         cache=StatusCache(
             **asdict(cache), hit_rate=cache.hit_rate, tokens_saved=cache.tokens_saved
         ),
+        # The disk tier (--cache-dir / --state-dir): null when there is none; "off" with
+        # the error when a full or failing disk turned it off.
+        disk_tier=_disk_tier(ready, admin),
         **detail,
         warm_set_counts=WarmSetCounts(
             sets=len(sets),
@@ -97,6 +100,16 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
         # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
         diagnostics=ready.diagnostics.summary(),
     )
+
+
+def _disk_tier(ready: ReadyDep, admin: bool) -> dict[str, Any] | None:
+    disk = ready.transfer.disk if ready.transfer else None
+    if disk is None:
+        return None
+    out = asdict(disk.stats())
+    if not admin:  # a path on the daemon's machine: admin only
+        out.pop("directory")
+    return out
 
 
 @router.get(

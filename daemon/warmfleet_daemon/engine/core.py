@@ -33,14 +33,14 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from warmfleet_common.chunking import Chunk, plan_chunks, root_key
+from warmfleet_common.chunking import BlockKey, Chunk, plan_chunks, root_key
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import (
     activation,
@@ -81,6 +81,23 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    disk_tokens: int = 0  # of cached_tokens, read back from the disk tier
+
+
+class Prefetching(Protocol):
+    """Blocks a lower tier is reading into the prefix cache for one prompt."""
+
+    read: set[BlockKey]  # inserted from the lower tier so far
+
+    def waiting_on(self, key: BlockKey) -> bool: ...
+
+
+class LowerTier(Protocol):
+    """Where blocks evicted from RAM went (the disk): a prefix match continues there."""
+
+    def prefetch(
+        self, chunks: Sequence[Chunk], start: int, wake: Callable[[], None]
+    ) -> Prefetching | None: ...
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,9 @@ class _Sequence:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     pending_tokens: list[int] = field(default_factory=list)  # generated, no text of their own yet
     processing_error: str | None = None
+    prefetch: Prefetching | None = None  # blocks being read back from a lower tier
+    prefetched: bool = False  # a lower tier was asked
+    disk_tokens: int = 0  # cached tokens that came from a lower tier
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -246,6 +266,8 @@ class Engine:
         self._idle_total = 0
         self._bytes_per_token, self._bytes_per_block = self._measure_block_bytes()
         self.grammars = GrammarCompiler(loaded.tokenizer)
+        # The disk tier (assembly attaches it): a prefix match continues there.
+        self.tier: LowerTier | None = None
         # Called on the engine thread with each finished request (telemetry).
         self.observers: list[Callable[[GenerationRequest, Event], None]] = []
 
@@ -508,8 +530,15 @@ class Engine:
     def run_until_idle(self) -> None:
         """Step until every submitted request has finished (engine not started)."""
         assert self._thread is None, "the engine thread is running"
-        while self.step():
-            pass
+        while True:
+            if self.step():
+                continue
+            with self._lock:
+                pending = self._inbox or self._waiting or self._prefilling or self._idle
+            if not pending:
+                return
+            self._wake.wait(timeout=0.05)  # a block being read back from a lower tier
+            self._wake.clear()
 
     def _run(self) -> None:
         while not self._stopping:
@@ -559,6 +588,7 @@ class Engine:
         for seq in admitted:
             seq.started_at = now
             self._prefilling.append(seq)
+            self._start_prefetch(seq)
 
     @property
     def slot_share(self) -> int:
@@ -579,8 +609,10 @@ class Engine:
             for s in self._prefilling
             if s.caches is None
             or s.next_chunk >= len(s.chunks)
-            or owner[s.chunks[s.next_chunk].key] is s
+            or (owner[s.chunks[s.next_chunk].key] is s and not self._awaiting_tier(s))
         ]
+        if not eligible:  # every prompt waits for a block being read back
+            return None
         candidates = [
             prefill_order.Candidate(s.remaining_prefill, s.skipped, s.arrival) for s in eligible
         ]
@@ -595,19 +627,24 @@ class Engine:
 
     def _prefill_step(self, seq: _Sequence) -> None:
         if seq.caches is None:
+            self._start_prefetch(seq)  # idle prefills start here
             payloads = self._usable(seq, self.cache.match(seq.chunks).payloads)
             seq.caches = kv.restore(payloads, make_prompt_cache(self.model), self._capacity(seq))
             seq.next_chunk = len(payloads)
             seq.cached_tokens = seq.chunks[len(payloads) - 1].end if payloads else 0
+            seq.disk_tokens = sum(self._from_tier(seq, c) for c in seq.chunks[: len(payloads)])
         else:
-            # Blocks another sequence stored since our last turn.
+            # Blocks another sequence stored (or a lower tier read back) since our last turn.
             more = self._usable(seq, self.cache.match(seq.chunks, start=seq.next_chunk).payloads)
             for payload in more:
                 seq.caches = kv.append_block(seq.caches, payload)
                 seq.cached_tokens += seq.chunks[seq.next_chunk].size
+                seq.disk_tokens += self._from_tier(seq, seq.chunks[seq.next_chunk])
                 seq.next_chunk += 1
                 seq.final_logits = payload.logits
         if seq.next_chunk < len(seq.chunks):
+            if self._awaiting_tier(seq):
+                return  # its next block is being read back: never compute it meanwhile
             self._compute_chunk(seq)
         if seq.next_chunk < len(seq.chunks):
             return
@@ -628,6 +665,24 @@ class Engine:
             assert seq.caches is not None and len(self._rows) == len(self._decoding) - 1
             self._rows.admit(seq.caches)
             seq.caches = None  # its KV lives in the decode batch's row now
+
+    def _start_prefetch(self, seq: _Sequence) -> None:
+        """Ask the lower tier for the prompt's blocks after those in RAM (read ahead
+        while the engine restores or computes the earlier ones)."""
+        if self.tier is None or seq.prefetched:
+            return
+        seq.prefetched = True
+        start = self.cache.match(seq.chunks).blocks
+        if start < len(seq.chunks):
+            seq.prefetch = self.tier.prefetch(seq.chunks, start, self._wake.set)
+
+    def _awaiting_tier(self, seq: _Sequence) -> bool:
+        prefetch = seq.prefetch
+        return prefetch is not None and prefetch.waiting_on(seq.chunks[seq.next_chunk].key)
+
+    @staticmethod
+    def _from_tier(seq: _Sequence, chunk: Chunk) -> int:
+        return chunk.size if seq.prefetch is not None and chunk.key in seq.prefetch.read else 0
 
     def _usable(
         self, seq: _Sequence, payloads: tuple[kv.BlockPayload, ...]
@@ -829,7 +884,7 @@ class Engine:
             text,
             self._take_tokens(seq, token),
             finish_reason=reason,
-            usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens),
+            usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens, seq.disk_tokens),
             timings=Timings(
                 start - seq.submitted_at, first - seq.submitted_at, now - seq.submitted_at
             ),

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx_lm.models.cache as cache_module
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from warmfleet_common.chunking import Chunk
+from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_daemon.engine import kv
 
 FORMAT = "warmfleet-kv-block/1"
@@ -88,8 +88,10 @@ class BlockCodec:
     # -- encoding -------------------------------------------------------------------
 
     def encode(
-        self, payload: kv.BlockPayload, chunk: Chunk
+        self, payload: kv.BlockPayload, chunk: Chunk, parent: BlockKey | None = None
     ) -> tuple[dict[str, mx.array], dict[str, str]]:
+        """Arrays and metadata; `parent` (the block before it) is recorded for the disk
+        tier, whose index is rebuilt from headers alone."""
         arrays: dict[str, mx.array] = {}
         meta = {
             "format": FORMAT,
@@ -99,6 +101,8 @@ class BlockCodec:
             "end": str(chunk.end),
             "layers": str(len(payload.layers)),
         }
+        if parent is not None:
+            meta["parent"] = parent.hex()
         for i, layer in enumerate(payload.layers):
             if isinstance(layer, kv.KVSlice):
                 arrays[f"l{i}.keys"] = layer.keys
@@ -112,6 +116,13 @@ class BlockCodec:
             arrays["logits"] = payload.logits
         meta["checksum"] = _checksum(arrays, meta)
         return arrays, meta
+
+    def save(
+        self, payload: kv.BlockPayload, chunk: Chunk, path: str, parent: BlockKey | None = None
+    ) -> None:
+        """Write the block to `path` (a path, not a file object: see _scratch_file)."""
+        arrays, meta = self.encode(payload, chunk, parent)
+        mx.save_safetensors(path, arrays, meta)
 
     def to_bytes(self, payload: kv.BlockPayload, chunk: Chunk) -> bytes:
         arrays, meta = self.encode(payload, chunk)

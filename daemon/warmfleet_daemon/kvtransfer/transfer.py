@@ -12,12 +12,15 @@ from typing import Any
 from warmfleet_common.chunking import BlockKey
 from warmfleet_daemon.engine.core import Engine, wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
+from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
+
+_SAVE_ON_STOP_S = 30  # a graceful stop writes the RAM blocks the disk lacks, this long
 
 
 class KVTransfer:
@@ -30,8 +33,11 @@ class KVTransfer:
         warm_from: Sequence[str] = (),
         peer_token: str | None = None,
         peer_deadline_s: float = 120.0,
+        cache_dir: str | Path | None = None,
+        cache_disk_budget_bytes: int = 0,
     ) -> None:
-        """Call before the engine thread starts (it probes the model)."""
+        """Call before the engine thread starts (it probes the model). With `cache_dir`,
+        every block also goes to the disk tier there, and the engine reads it back."""
         self.engine = engine
         self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size)
         self.codec = BlockCodec(self.fingerprint, _probe_on_a_thread_of_its_own(engine))
@@ -40,6 +46,12 @@ class KVTransfer:
             if state_dir is not None and snapshot_budget_bytes > 0
             else None
         )
+        self.disk = (
+            DiskTier(cache_dir, self.codec, cache_disk_budget_bytes, engine.cache)
+            if cache_dir is not None and cache_disk_budget_bytes > 0
+            else None
+        )
+        engine.tier = self.disk
         self.peers = PeerClient(self.codec, token=peer_token)
         self.restorer = BlockRestorer(
             engine,
@@ -49,9 +61,10 @@ class KVTransfer:
             peer_deadline_s=peer_deadline_s,
         )
         log.info(
-            "KV fingerprint %s; snapshots %s; warm from %s",
+            "KV fingerprint %s; snapshots %s; disk tier %s; warm from %s",
             self.fingerprint,
             f"in {self.snapshots.directory}" if self.snapshots else "off",
+            f"in {self.disk.directory}" if self.disk else "off",
             ", ".join(warm_from) or "pushed peers only",
         )
 
@@ -72,6 +85,12 @@ class KVTransfer:
         }
 
     def stop(self) -> None:
+        if self.disk is not None:
+            if not self.disk.save_all(timeout=_SAVE_ON_STOP_S):
+                log.warning(
+                    "The disk tier did not save every RAM block within %ds", _SAVE_ON_STOP_S
+                )
+            self.disk.stop()
         self.restorer.stop()
         if self.snapshots is not None:
             self.snapshots.stop()
