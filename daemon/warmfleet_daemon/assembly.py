@@ -144,6 +144,8 @@ class DaemonState:
         )
         telemetry.observe_engine(engine)
         telemetry.observe_warm_sets(warm)
+        if transfer.disk is not None:
+            telemetry.observe_disk_tier(transfer.disk)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()

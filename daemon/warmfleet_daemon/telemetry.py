@@ -25,6 +25,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from warmfleet_common import __version__, otel
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
+from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.warming import WarmManager
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,12 @@ class Telemetry(otel.Metrics):
             description="Input tokens served from the prefix cache "
             "(sum of gen_ai.usage.cache_read.input_tokens)",
         )
+        self._tier_hits = meter.create_counter(
+            "warmfleet.prefix_cache.tier.hit_tokens",
+            unit="{token}",
+            description="Prompt tokens served from the prefix cache, by the tier they came "
+            "from (warmfleet.cache.tier: ram, disk)",
+        )
         self._warmup = meter.create_histogram(
             "warmfleet.warmup.duration",
             unit="s",
@@ -181,6 +188,48 @@ class Telemetry(otel.Metrics):
             )
         engine.observers.append(self.observe)
 
+    def observe_disk_tier(self, disk: DiskTier) -> None:
+        """The disk tier's gauges and counters, read from its stats at collection."""
+        meter, base = self._meter, self._base
+
+        def read(field: str) -> _Callback:
+            return lambda _: [Observation(getattr(disk.stats(), field), base)]
+
+        def enabled(_: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(1 if disk.stats().state == "on" else 0, base)
+
+        meter.create_observable_gauge(
+            "warmfleet.disk_tier.enabled",
+            [enabled],
+            unit="{tier}",
+            description="1 while the disk tier works; 0 once a full or failing disk turned it "
+            "off (the reason is in /v1/status and the log)",
+        )
+        gauges = (
+            ("size", "bytes", "By", "Bytes of blocks on disk"),
+            ("budget", "budget_bytes", "By", "Disk budget (--cache-disk-mb)"),
+            ("entries", "blocks", "{block}", "Blocks on disk"),
+            ("queue.size", "queued_bytes", "By", "Bytes waiting in the write-behind queue"),
+            ("queue.entries", "queued_blocks", "{block}", "Blocks in the write-behind queue"),
+        )
+        for name, field, unit, description in gauges:
+            meter.create_observable_gauge(
+                f"warmfleet.disk_tier.{name}", [read(field)], unit=unit, description=description
+            )
+        counters = (
+            ("written", "written_bytes", "By", "Bytes written"),
+            ("read", "read_bytes", "By", "Bytes read back (instead of prefilled)"),
+            ("write.time", "write_seconds", "s", "Time spent writing (throughput: written/this)"),
+            ("read.time", "read_seconds", "s", "Time spent reading and verifying"),
+            ("evictions", "evictions", "{block}", "Blocks deleted to stay within the budget"),
+            ("dropped", "dropped_blocks", "{block}", "Blocks evicted from RAM, never written"),
+            ("ignored", "ignored_files", "{file}", "Corrupt, truncated or mismatched files"),
+        )
+        for name, field, unit, description in counters:
+            meter.create_observable_counter(
+                f"warmfleet.disk_tier.{name}", [read(field)], unit=unit, description=description
+            )
+
     def observe_warm_sets(self, manager: WarmManager) -> None:
         base = self._base
 
@@ -230,6 +279,10 @@ class Telemetry(otel.Metrics):
         self._input.add(usage.prompt_tokens, tokens)
         self._output.add(usage.completion_tokens, tokens)
         self._cache_read.add(usage.cached_tokens, tokens)
+        self._tier_hits.add(
+            usage.cached_tokens - usage.disk_tokens, {**self._base, "warmfleet.cache.tier": "ram"}
+        )
+        self._tier_hits.add(usage.disk_tokens, {**self._base, "warmfleet.cache.tier": "disk"})
 
     def observe_warmup(self, namespace: str, name: str, state: str, seconds: float) -> None:
         self._warmup.record(

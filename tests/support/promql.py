@@ -25,7 +25,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title / refId, expr) for every panel target and query variable."""
     out = []
     for panel in dashboard()["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):  # rows have none
             out.append((f"{panel['title']} / {target['refId']}", target["expr"]))
     for var in dashboard()["templating"]["list"]:
         if var["type"] == "query":
@@ -76,6 +76,7 @@ LABELS = {
     "warmfleet_warm_set_name",
     "warmfleet_warm_prompt_state",
     "warmfleet_cache_outcome",
+    "warmfleet_cache_tier",
     "gen_ai_request_model",
     # the router's
     "warmfleet_route_reason",

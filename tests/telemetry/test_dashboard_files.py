@@ -22,6 +22,8 @@ def test_dashboard_has_the_variables_and_a_datasource_on_every_query() -> None:
     assert set(variables) == {"datasource", "namespace", "model", "daemon"}
     assert variables["datasource"]["query"] == "prometheus"
     for panel in board["panels"]:
+        if panel["type"] == "row":  # a heading (the disk tier's)
+            continue
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
@@ -62,3 +64,22 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
         text=True,
     )
     assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
+def test_the_disk_tier_has_a_row_of_its_own() -> None:
+    panels = dashboard()["panels"]
+    (row,) = [p for p in panels if p["type"] == "row"]
+    assert row["title"] == "Disk tier"
+    below = [p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    exprs = " ".join(t["expr"] for p in below for t in p["targets"])
+    for metric in (
+        "warmfleet_prefix_cache_tier_hit_tokens_total",
+        "warmfleet_disk_tier_size_bytes",
+        "warmfleet_disk_tier_budget_bytes",
+        "warmfleet_disk_tier_enabled",
+        "warmfleet_disk_tier_written_bytes_total",
+        "warmfleet_disk_tier_read_bytes_total",
+        "warmfleet_disk_tier_queue_size_bytes",
+        "warmfleet_disk_tier_dropped_total",
+    ):
+        assert metric in exprs, metric

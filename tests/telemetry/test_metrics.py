@@ -20,9 +20,9 @@ SYSTEM = {"role": "system", "content": "You are Relay, the messaging team's assi
 
 
 @pytest.fixture
-def client() -> Iterator[TestClient]:
+def client(tmp_path) -> Iterator[TestClient]:
     engine = Engine(model("tiny-random"), EngineConfig(block_size=32, cache_budget_bytes=64 << 20))
-    settings = DaemonSettings(model="tiny-random", daemon_name="mac-test")
+    settings = DaemonSettings(model="tiny-random", daemon_name="mac-test", cache_dir=str(tmp_path))
     with TestClient(create_app(settings, engine=engine)) as c:
         yield c
 
@@ -124,6 +124,12 @@ def test_metrics_match_the_requests(client) -> None:
         == 1
     )
     assert total(values, "warmfleet_requests_running") == 0
+    # Every hit came from RAM; the disk tier is on and holds what RAM stored.
+    tiers = "warmfleet_prefix_cache_tier_hit_tokens_total"
+    assert total(values, tiers, warmfleet_cache_tier="ram") == cached
+    assert total(values, tiers, warmfleet_cache_tier="disk") == 0
+    assert total(values, "warmfleet_disk_tier_enabled") == 1
+    assert total(values, "warmfleet_disk_tier_written_bytes_total") > 0
 
     exported = {name for name, _ in values}
     for where, expr in [*dashboard_queries(), *rule_exprs()]:

@@ -38,8 +38,19 @@ def daemon(daemon_factory, tmp_path_factory) -> Daemon:
             ]
         )
     )
+    # A cache directory under a regular file cannot be made: the disk tier is off at
+    # start (feeds the disk-tier alert), and its gauges and counters are still exported.
+    blocked = tmp_path_factory.mktemp("disk") / "a-file"
+    blocked.write_text("")
     return daemon_factory(
-        "--model", "tiny-random", "--daemon-name", "mac-ci", "--warm-prompts", str(prompts)
+        "--model",
+        "tiny-random",
+        "--daemon-name",
+        "mac-ci",
+        "--warm-prompts",
+        str(prompts),
+        "--cache-dir",
+        str(blocked / "kv"),
     )
 
 
@@ -151,6 +162,7 @@ def test_every_dashboard_query_and_rule_returns_data(daemon, router, prometheus)
         "WarmfleetPrefixCacheHitRateLow",
         "WarmfleetWarmUpFailed",
         "WarmfleetDaemonDown",
+        "WarmfleetDiskTierOff",
     } <= alerts
     assert not failures, "no data for:\n" + "\n".join(failures)
 
