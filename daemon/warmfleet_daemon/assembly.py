@@ -95,6 +95,7 @@ class DaemonState:
             cache_budget_bytes=self.settings.cache_budget_bytes(),
             max_num_seqs=self.settings.max_num_seqs,
             prefill_aging_picks=self.settings.prefill_aging_picks,
+            kv_bits=self.settings.kv_bits,
         )
 
     def attach(self, engine: Engine) -> None:

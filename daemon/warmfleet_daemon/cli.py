@@ -50,6 +50,13 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")
     p.add_argument("--block-size", type=int, help="prefill chunk / cache block, in tokens")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[8, 4],
+        help="quantized KV cache (mlx-lm's): more cached tokens per GB in RAM and on disk; "
+        "decoding then runs one sequence per forward",
+    )
     p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
     p.add_argument(
         "--prefill-aging-picks",

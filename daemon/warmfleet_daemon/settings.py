@@ -60,6 +60,12 @@ class DaemonSettings(BaseSettings):
         description="a waiting prompt counts one block shorter per N chunks prefilled for "
         "others (bounds a long prompt's wait); 0: plain shortest-first",
     )
+    kv_bits: int | None = Field(
+        None,
+        description="quantize the KV cache to 8 or 4 bits (mlx-lm's quantized cache and "
+        "attention): more cached tokens per GB in RAM and on disk; decoding runs one "
+        "sequence per forward",
+    )
     max_context: int | None = Field(
         None,
         ge=16,
@@ -127,6 +133,13 @@ class DaemonSettings(BaseSettings):
     def _known_engine_path(self) -> DaemonSettings:
         engine_path()  # the model loader reads it; a typo stops `serve` at start instead
         return self
+
+    @field_validator("kv_bits")
+    @classmethod
+    def _kv_bits(cls, bits: int | None) -> int | None:
+        if bits is not None and bits not in (4, 8):
+            raise ValueError(f"--kv-bits takes 8 or 4, not {bits}")
+        return bits
 
     @field_validator("warm_from")
     @classmethod

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from warmfleet_common.chunking import BlockKey, Chunk, plan_chunks, root_key
 from warmfleet_common.prompts import RenderedPrompt
@@ -56,7 +55,7 @@ from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
 from warmfleet_daemon.engine.stops import StopStringFilter
 from warmfleet_daemon.models.loader import LoadedModel, model_family
-from warmfleet_daemon.prefix_cache import PrefixCache
+from warmfleet_daemon.prefix_cache import InsertOutcome, PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,7 @@ class EngineConfig:
     cache_budget_bytes: int
     max_num_seqs: int = 16
     prefill_aging_picks: int = prefill_order.AGING_PICKS  # 0: shortest-first, no aging
+    kv_bits: int | None = None  # quantized KV (mlx-lm's QuantizedKVCache): 8 or 4 bits
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,10 @@ class LowerTier(Protocol):
     def prefetch(
         self, chunks: Sequence[Chunk], start: int, wake: Callable[[], None]
     ) -> Prefetching | None: ...
+
+    def store(self, chunk: Chunk, parent: BlockKey | None, payload: kv.BlockPayload) -> bool:
+        """Keep a block RAM would not take (its parent left RAM meanwhile); no I/O."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,19 @@ class Engine:
         self._logits = head.Head(self.model, cpu=not loaded.on_gpu)
         self.family = model_family(self.model)
         layout, why = attention.batch_layout(self.model)
+        self.kv_group_size = 64
+        if config.kv_bits is not None:
+            group = kv.quantization_group(self.model)
+            if group is None:
+                raise EngineError(
+                    f"--kv-bits {config.kv_bits}: this model's KV widths are not multiples of "
+                    "32, which quantization needs"
+                )
+            self.kv_group_size = group
+        if config.kv_bits is not None and layout is not None:
+            # The decode batch's rows and per-sequence batches attend over float KV; mlx-lm's
+            # quantized attention runs one sequence per forward.
+            layout, why = None, f"--kv-bits {config.kv_bits}: quantized KV decodes per sequence"
         self._latent = layout == "latent"
         self._batched = layout is not None
         # On the CPU, decoding sequences share per-layer KV buffers and one attention call
@@ -341,7 +358,7 @@ class Engine:
     def _measure_block_bytes(self) -> tuple[float, float]:
         """Bytes per token and per block, from a probe prefill: KV grows with tokens,
         state snapshots (SSM layers, rotating windows) come once per block."""
-        caches = make_prompt_cache(self.model)
+        caches = self._new_caches()
         sizes: list[int] = []
         for _ in range(2):
             self.model(mx.zeros((1, 4), dtype=mx.int32), cache=caches)
@@ -349,6 +366,9 @@ class Engine:
             sizes.append(kv.extract_block(caches, 0, len(sizes) * 4 + 4).nbytes)
         per_token = (sizes[1] - sizes[0]) / 4
         return per_token, max(sizes[0] - 4 * per_token, 0.0)
+
+    def _new_caches(self) -> list[Any]:
+        return kv.new_caches(self.model, self.config.kv_bits, self.kv_group_size)
 
     def _probe_and_choose(self, layout: str) -> None:
         """Run two short prompts as requests run (prefilled in two chunks, stored as blocks,
@@ -392,14 +412,14 @@ class Engine:
                 tokens = mx.array([[1 + (7 * i + 3 * j) % 50 for j in range(first + second)]])
                 size = tokens.size
                 stage = "a prefill in two chunks"
-                caches = make_prompt_cache(self.model)
+                caches = self._new_caches()
                 self.model(tokens[:, :first], cache=caches)
                 last = self._logits(tokens[:, first:], caches)
                 mx.eval(last, kv.cache_arrays(caches))
                 stage = "storing its caches as prefix-cache blocks"
                 prompt = [kv.extract_block(caches, 0, first), kv.extract_block(caches, first, size)]
                 stage = "restoring its caches from stored blocks"
-                restored = kv.restore(prompt, make_prompt_cache(self.model), size)
+                restored = kv.restore(prompt, self._new_caches(), size)
                 stage = "a decode step"
                 step = mx.argmax(last, axis=-1)[:, None]
                 logits.append(self._logits(step, restored))
@@ -416,7 +436,7 @@ class Engine:
     def _probe_together(self, blocks: list[list[kv.BlockPayload]], steps: mx.array) -> mx.array:
         """The probe prompts' decode step taken together on the path chosen for batches."""
         size = self.config.max_num_seqs
-        caches = [kv.restore(b, make_prompt_cache(self.model), 64) for b in blocks]
+        caches = [kv.restore(b, self._new_caches(), 64) for b in blocks]
         if self._rows is None:
             layers = [
                 attention.SequenceBatch([c[i] for c in caches], latent=self._latent)
@@ -629,7 +649,7 @@ class Engine:
         if seq.caches is None:
             self._start_prefetch(seq)  # idle prefills start here
             payloads = self._usable(seq, self.cache.match(seq.chunks).payloads)
-            seq.caches = kv.restore(payloads, make_prompt_cache(self.model), self._capacity(seq))
+            seq.caches = kv.restore(payloads, self._new_caches(), self._capacity(seq))
             seq.next_chunk = len(payloads)
             seq.cached_tokens = seq.chunks[len(payloads) - 1].end if payloads else 0
             seq.disk_tokens = sum(self._from_tier(seq, c) for c in seq.chunks[: len(payloads)])
@@ -637,7 +657,7 @@ class Engine:
             # Blocks another sequence stored (or a lower tier read back) since our last turn.
             more = self._usable(seq, self.cache.match(seq.chunks, start=seq.next_chunk).payloads)
             for payload in more:
-                seq.caches = kv.append_block(seq.caches, payload)
+                seq.caches = kv.append_block(seq.caches, payload, self._capacity(seq))
                 seq.cached_tokens += seq.chunks[seq.next_chunk].size
                 seq.disk_tokens += self._from_tier(seq, seq.chunks[seq.next_chunk])
                 seq.next_chunk += 1
@@ -722,7 +742,11 @@ class Engine:
         parent = seq.chunks[seq.next_chunk - 1].key if seq.next_chunk else None
         if chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
             payload = kv.extract_block(seq.caches, chunk.start, chunk.end, logits)
-            self.cache.insert(chunk, parent, payload, payload.nbytes)
+            stored = self.cache.insert(chunk, parent, payload, payload.nbytes)
+            if stored is InsertOutcome.NO_PARENT and self.tier is not None:
+                # Its parent went to disk while this prompt was prefilled (a long prompt,
+                # or an idle prefill that waited): the chain goes on there.
+                self.tier.store(chunk, parent, payload)
         seq.final_logits = logits
         seq.next_chunk += 1
         mx.clear_cache()

@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx_lm.models.cache as cache_module
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_daemon.engine import kv
@@ -39,12 +39,20 @@ class LayerLayout:
     dtype: str | None
     itemsize: int = 0
     value_dim: int = 0  # the values' width: MLA stores a latent and a narrower rotary part
+    # A quantized KV layer (--kv-bits): (batch, kv heads, width, dtype) of each part of
+    # its keys, then of its values (packed, scales, biases); its group size and bits.
+    quantized: tuple[tuple[int, int, int, str], ...] = ()
+    group_size: int = 0
+    bits: int = 0
+    token_bytes: int = 0  # of a quantized layer, per token
 
 
-def probe_layout(model: Any) -> tuple[LayerLayout, ...]:
+def probe_layout(
+    model: Any, kv_bits: int | None = None, group_size: int = 64
+) -> tuple[LayerLayout, ...]:
     """Each layer's cache type and KV shape, from a 2-token forward. Call it before the
     engine thread starts (mlx work on one thread at a time)."""
-    caches = make_prompt_cache(model)
+    caches = kv.new_caches(model, kv_bits, group_size)
     model(mx.zeros((1, 2), dtype=mx.int32), cache=caches)
     payload = kv.extract_block(caches, 0, 2)
     out: list[LayerLayout] = []
@@ -58,6 +66,21 @@ def probe_layout(model: Any) -> tuple[LayerLayout, ...]:
                     str(layer.keys.dtype),
                     layer.keys.itemsize,
                     layer.values.shape[-1],
+                )
+            )
+        elif isinstance(layer, kv.QuantizedSlice):
+            parts = [*layer.keys, *layer.values]
+            out.append(
+                LayerLayout(
+                    type(cache).__name__,
+                    None,
+                    None,
+                    quantized=tuple(
+                        (a.shape[0], a.shape[1], a.shape[3], str(a.dtype)) for a in parts
+                    ),
+                    group_size=layer.group_size,
+                    bits=layer.bits,
+                    token_bytes=sum(a.nbytes // a.shape[2] for a in parts),
                 )
             )
         else:
@@ -78,7 +101,7 @@ class BlockCodec:
             * layer.itemsize
             for layer in self.layout
             if layer.kv_shape is not None
-        )
+        ) + sum(layer.token_bytes for layer in self.layout)
 
     def max_block_bytes(self, tokens: int) -> int:
         """An upper bound on one encoded block: its KV plus room for the logits, state
@@ -108,6 +131,11 @@ class BlockCodec:
                 arrays[f"l{i}.keys"] = layer.keys
                 arrays[f"l{i}.values"] = layer.values
                 meta[f"l{i}.type"] = KVCache.__name__
+            elif isinstance(layer, kv.QuantizedSlice):
+                for j, part in enumerate([*layer.keys, *layer.values]):
+                    arrays[f"l{i}.q{j}"] = part
+                meta[f"l{i}.type"] = QuantizedKVCache.__name__
+                meta[f"l{i}.quantized"] = f"{layer.group_size}/{layer.bits}"
             else:
                 meta[f"l{i}.type"] = layer.cache_type.__name__
                 meta[f"l{i}.state"] = json.dumps(_tree_out(layer.state, f"l{i}.s", arrays))
@@ -169,7 +197,9 @@ class BlockCodec:
             if meta.get(f"l{i}.type") != expected.cache_type:
                 got = meta.get(f"l{i}.type")
                 raise BlockError(f"layer {i} is {got}, not {expected.cache_type}")
-            if expected.kv_shape is not None:
+            if expected.quantized:
+                layers.append(_quantized_layer(i, expected, arrays, meta, chunk.size))
+            elif expected.kv_shape is not None:
                 keys, values = arrays.get(f"l{i}.keys"), arrays.get(f"l{i}.values")
                 b, h, d = expected.kv_shape
                 for a, width in ((keys, d), (values, expected.value_dim)):
@@ -193,6 +223,24 @@ class BlockCodec:
             raise BlockError(f"logits of shape {tuple(logits.shape)}, not (1, vocab)")
         everything = list(arrays.values())
         return kv.BlockPayload(tuple(layers), sum(a.nbytes for a in everything), logits)
+
+
+def _quantized_layer(
+    i: int, expected: LayerLayout, arrays: dict[str, mx.array], meta: dict[str, Any], size: int
+) -> kv.QuantizedSlice:
+    """Layer i of a block of quantized KV, its parts checked against this model's."""
+    if meta.get(f"l{i}.quantized") != f"{expected.group_size}/{expected.bits}":
+        raise BlockError(f"layer {i}: quantized as {meta.get(f'l{i}.quantized')}")
+    parts = []
+    for j, (b, h, width, dtype) in enumerate(expected.quantized):
+        part = arrays.get(f"l{i}.q{j}")
+        if part is None or tuple(part.shape) != (b, h, size, width) or str(part.dtype) != dtype:
+            raise BlockError(f"layer {i}: quantized part {j} is not {(b, h, size, width)} {dtype}")
+        parts.append(part)
+    half = len(parts) // 2
+    return kv.QuantizedSlice(
+        tuple(parts[:half]), tuple(parts[half:]), expected.group_size, expected.bits
+    )
 
 
 @contextmanager

@@ -166,6 +166,15 @@ class DiskTier:
             self._lock.notify_all()
             return job
 
+    def store(self, chunk: Chunk, parent: BlockKey | None, payload: kv.BlockPayload) -> bool:
+        """Queue a block that RAM did not take because its parent had left RAM (for the
+        disk, a chain may continue after its parent), if the disk holds the parent."""
+        with self._lock:
+            if parent is not None and parent not in self._index and parent not in self._queue:
+                return False
+        view = BlockView(chunk.key, parent, chunk.start, chunk.end, payload, False)
+        return self._offer(view)
+
     def holds(self, key: BlockKey) -> bool:
         with self._lock:
             return key in self._index or key in self._queue

@@ -22,7 +22,7 @@ VERSION = 2  # bump when the chunk plan rule, the block format or prefill arithm
 _SAMPLES = 256  # values per tensor
 
 
-def model_fingerprint(loaded: LoadedModel, block_size: int) -> str:
+def model_fingerprint(loaded: LoadedModel, block_size: int, kv_bits: int | None = None) -> str:
     h = hashlib.blake2b(digest_size=16)
 
     def part(label: str, data: bytes | str) -> None:
@@ -36,6 +36,8 @@ def model_fingerprint(loaded: LoadedModel, block_size: int) -> str:
     if loaded.on_gpu and mx.default_device() != mx.gpu:  # the Mac path forced on a CPU
         part("runs on", str(mx.default_device()))
     part("block_size", str(block_size))
+    if kv_bits is not None:  # unquantized fingerprints stay what they were
+        part("kv_bits", str(kv_bits))
     args = getattr(loaded.model, "args", None)
     part("args", json.dumps(_plain(args), sort_keys=True, default=str))
     for name, weight in tree_flatten(loaded.model.parameters()):

@@ -39,7 +39,8 @@ class KVTransfer:
         """Call before the engine thread starts (it probes the model). With `cache_dir`,
         every block also goes to the disk tier there, and the engine reads it back."""
         self.engine = engine
-        self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size)
+        bits = engine.config.kv_bits
+        self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size, bits)
         self.codec = BlockCodec(self.fingerprint, _probe_on_a_thread_of_its_own(engine))
         self.snapshots = (
             SnapshotStore(state_dir, self.codec, snapshot_budget_bytes)
@@ -105,7 +106,7 @@ def _probe_on_a_thread_of_its_own(engine: Engine) -> tuple[LayerLayout, ...]:
 
     def probe() -> None:
         try:
-            found.append(probe_layout(engine.model))
+            found.append(probe_layout(engine.model, engine.config.kv_bits, engine.kv_group_size))
         except BaseException as exc:  # re-raised on the caller's thread
             errors.append(exc)
 

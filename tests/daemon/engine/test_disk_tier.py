@@ -184,3 +184,21 @@ def test_a_full_or_read_only_disk_turns_the_tier_off_and_serving_goes_on(
         assert sum("disk tier is off" in r.message for r in caplog.records) == 1
     finally:
         subprocess.run(["umount", str(where)], check=False)
+
+
+def test_a_chain_whose_parent_left_ram_meanwhile_goes_on_on_disk(tiny, make_engine, setup) -> None:
+    """An idle prefill that waited while another prompt pushed its first blocks out of
+    RAM stores its later blocks on disk, where the next request finds the whole chain."""
+    a = prompt(5, 100)
+    expected = cold(tiny, make_engine, a)
+    e = setup.engine
+    ask(e, RenderedPrompt(a.tokens[:40], ()))  # the conversation so far: in RAM
+    done: list = []
+    e.submit(request(a.tokens[:88], (40,), prefill_only=True, idle=True), done.append)
+    e.step()  # restores the first blocks, computes one chunk
+    ask(e, prompt(998, 130))  # a real request meanwhile: RAM now holds it instead
+    e.run_until_idle()  # the idle prefill's remaining chunks
+    assert done[-1].finish_reason == "prefilled"
+    assert setup.disk.flush()
+    again, usage = ask(e, a)
+    assert again == expected and usage.cached_tokens == 88
