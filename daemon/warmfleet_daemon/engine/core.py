@@ -87,9 +87,13 @@ class Usage:
 class Prefetching(Protocol):
     """Blocks a lower tier is reading into the prefix cache for one prompt."""
 
-    read: set[BlockKey]  # inserted from the lower tier so far
+    read: set[BlockKey]  # read from the lower tier so far
 
     def waiting_on(self, key: BlockKey) -> bool: ...
+
+    def take(self, key: BlockKey) -> kv.BlockPayload | None:
+        """A block read for this prompt that RAM had no room for."""
+        ...
 
 
 class LowerTier(Protocol):
@@ -662,6 +666,8 @@ class Engine:
                 seq.disk_tokens += self._from_tier(seq, seq.chunks[seq.next_chunk])
                 seq.next_chunk += 1
                 seq.final_logits = payload.logits
+        while self._take_held(seq):
+            pass
         if seq.next_chunk < len(seq.chunks):
             if self._awaiting_tier(seq):
                 return  # its next block is being read back: never compute it meanwhile
@@ -695,6 +701,30 @@ class Engine:
         start = self.cache.match(seq.chunks).blocks
         if start < len(seq.chunks):
             seq.prefetch = self.tier.prefetch(seq.chunks, start, self._wake.set)
+
+    def _take_held(self, seq: _Sequence) -> bool:
+        """Take the next block from what the lower tier read for this prompt beyond RAM's
+        room (then, from RAM, what others stored meanwhile). False when neither has it."""
+        if seq.prefetch is None or seq.caches is None or seq.next_chunk >= len(seq.chunks):
+            return False
+        chunk = seq.chunks[seq.next_chunk]
+        payload = seq.prefetch.take(chunk.key)
+        final = seq.next_chunk == len(seq.chunks) - 1
+        if payload is None:
+            usable = self._usable(
+                seq, self.cache.match(seq.chunks, start=seq.next_chunk).payloads[:1]
+            )
+            if not usable:
+                return False
+            payload = usable[0]
+        elif final and payload.logits is None and not seq.request.prefill_only:
+            return False  # the final block: its logits make the first token
+        seq.caches = kv.append_block(seq.caches, payload, self._capacity(seq))
+        seq.cached_tokens += chunk.size
+        seq.disk_tokens += self._from_tier(seq, chunk)
+        seq.next_chunk += 1
+        seq.final_logits = payload.logits
+        return True
 
     def _awaiting_tier(self, seq: _Sequence) -> bool:
         prefetch = seq.prefetch
@@ -743,9 +773,10 @@ class Engine:
         if chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
             payload = kv.extract_block(seq.caches, chunk.start, chunk.end, logits)
             stored = self.cache.insert(chunk, parent, payload, payload.nbytes)
-            if stored is InsertOutcome.NO_PARENT and self.tier is not None:
-                # Its parent went to disk while this prompt was prefilled (a long prompt,
-                # or an idle prefill that waited): the chain goes on there.
+            if stored is not InsertOutcome.STORED and self.tier is not None:
+                # RAM has no room (a session larger than RAM) or its parent went to disk
+                # meanwhile (a long prompt, an idle prefill that waited): the chain goes
+                # on on disk.
                 self.tier.store(chunk, parent, payload)
         seq.final_logits = logits
         seq.next_chunk += 1

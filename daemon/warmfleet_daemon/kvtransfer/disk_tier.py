@@ -83,10 +83,15 @@ class Prefetch:
 
     chunks: list[Chunk]
     parent: BlockKey | None
-    read: set[BlockKey] = field(default_factory=set)  # inserted into RAM from disk
+    read: set[BlockKey] = field(default_factory=set)  # read from disk for this prompt
+    # Read, but RAM would not take them (the prompt's own chain fills it): its own.
+    held: dict[BlockKey, kv.BlockPayload] = field(default_factory=dict)
     done: int = 0  # chunks finished (read or given up)
     failed: bool = False
     cancelled: bool = False
+
+    def take(self, key: BlockKey) -> kv.BlockPayload | None:
+        return self.held.pop(key, None)
 
     def waiting_on(self, key: BlockKey) -> bool:
         """True while the block `key` may still come from disk (the prompt must not
@@ -368,14 +373,12 @@ class DiskTier:
                 return
             if chunk.key not in self.cache:
                 payload = self._load(chunk)
-                outcome = (
-                    self.cache.insert(chunk, parent, payload, payload.nbytes)
-                    if payload is not None
-                    else None
-                )
-                if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
+                if payload is None:
                     job.failed = True
                     return
+                outcome = self.cache.insert(chunk, parent, payload, payload.nbytes)
+                if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
+                    job.held[chunk.key] = payload  # a session larger than RAM's room
                 job.read.add(chunk.key)
             parent = chunk.key
             job.done += 1
