@@ -67,6 +67,10 @@ class EventsHeartbeat(_Wire):
     seq: Seq
 
 
+# Where a block is held: the daemon's RAM, its disk tier, or (later) a peer.
+Tier = Literal["ram", "disk", "peer"]
+
+
 class _BlockEvent(_Wire):
     seq: Seq
     key: BlockHex
@@ -74,6 +78,9 @@ class _BlockEvent(_Wire):
     start: Tokens | None = None  # token offsets of the block within its prompt
     end: Tokens | None = None
     logits: bool = False  # the block holds its chunk's last-position logits
+    # The tier the block entered (stored) or left (evicted): a block evicted from RAM may
+    # still be on disk (its own "stored" in "disk" said so).
+    tier: Tier = "ram"
 
 
 class BlockStored(_BlockEvent):
@@ -117,6 +124,7 @@ class SnapshotBlock(_Wire):
     end: Tokens | None = None
     logits: bool = False
     pinned: bool = False
+    tier: Tier = "ram"  # the fastest tier that holds it (RAM blocks are often on disk too)
 
 
 class CacheSnapshot(_Wire):

@@ -114,6 +114,12 @@ class DaemonState:
             cache_dir=settings.resolved_cache_dir(),
             cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
         )
+        if transfer.disk is not None:  # the disk tier's blocks are events too (tier "disk")
+            transfer.disk.listeners.append(
+                lambda kind, e: events.record_block(
+                    kind, e.key, e.parent, e.start, e.end, e.logits, "disk"
+                )
+            )
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}

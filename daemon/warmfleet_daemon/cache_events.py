@@ -24,6 +24,7 @@ from warmfleet_common.wire import (
     CacheChange,
     CacheCleared,
     SnapshotBlock,
+    Tier,
 )
 from warmfleet_daemon.prefix_cache import BlockView
 
@@ -44,6 +45,7 @@ class CacheEvent:
     start: int | None = None
     end: int | None = None
     logits: bool | None = None  # the block holds its chunk's last-position logits
+    tier: Tier = "ram"  # the tier it entered or left
 
     def as_wire(self) -> CacheChange:
         """The line `GET /v1/cache/events` sends for it."""
@@ -57,6 +59,7 @@ class CacheEvent:
             start=self.start,
             end=self.end,
             logits=bool(self.logits),
+            tier=self.tier,
         )
 
 
@@ -99,20 +102,44 @@ class CacheEventLog(Generic[P]):
             return self._seq
 
     def record(self, kind: EventType, block: BlockView[P] | None) -> None:
-        """A `PrefixCache` listener (called under the cache's lock)."""
+        """A `PrefixCache` listener (called under the cache's lock): the RAM tier."""
+        if block is None:
+            self.record_block(kind)
+        else:
+            self.record_block(
+                kind,
+                block.key,
+                block.parent,
+                block.start,
+                block.end,
+                self._has_logits(block.payload),
+            )
+
+    def record_block(
+        self,
+        kind: EventType,
+        key: bytes | None = None,
+        parent: bytes | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        logits: bool | None = None,
+        tier: Tier = "ram",
+    ) -> None:
+        """One event; the disk tier calls this for its own (tier "disk")."""
         with self._lock:
             self._seq += 1
-            if block is None:
+            if key is None:
                 event = CacheEvent(self._seq, kind)
             else:
                 event = CacheEvent(
                     self._seq,
                     kind,
-                    block.key.hex(),
-                    block.parent.hex() if block.parent is not None else None,
-                    block.start,
-                    block.end,
-                    self._has_logits(block.payload),
+                    key.hex(),
+                    parent.hex() if parent is not None else None,
+                    start,
+                    end,
+                    logits,
+                    tier,
                 )
             self._buffer.append(event)
             subscribers = list(self._subscribers)

@@ -26,6 +26,7 @@ class DiskEntry:
     start: int
     end: int
     nbytes: int
+    logits: bool = False  # the block holds its chunk's last-position logits
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ class DiskIndex:
         self._children.clear()
         self._bytes = 0
         return entries
+
+    def entries(self) -> list[DiskEntry]:
+        return list(self._entries.values())
 
     def keys_lru_order(self) -> list[BlockKey]:
         return list(self._entries)

@@ -25,9 +25,11 @@ from warmfleet_common.wire import (
     EventsHeartbeat,
     EventsHello,
     EventsReset,
+    SnapshotBlock,
     event_line,
 )
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
+from warmfleet_daemon.disk_index import DiskEntry
 from warmfleet_daemon.engine.core import Engine
 
 router = APIRouter(
@@ -59,13 +61,35 @@ async def layout(ready: ReadyDep) -> CacheLayout:
 async def snapshot(ready: ReadyDep) -> CacheSnapshot:
     """Every stored block (root first) with the event sequence number it is current at."""
     events = ready.events
-    blocks, seq = await run_in_threadpool(ready.engine.cache.snapshot, lambda: events.seq)
+    disk = ready.transfer.disk if ready.transfer else None
+
+    def current() -> tuple[int, list[DiskEntry]]:
+        # The number first: a disk change after it is also an event after it (replayed).
+        return events.seq, disk.entries() if disk is not None else []
+
+    blocks, (seq, on_disk) = await run_in_threadpool(ready.engine.cache.snapshot, current)
     found = await run_in_threadpool(layout_of, ready.engine)
+    in_ram = {b.key for b in blocks}
     return CacheSnapshot(
         epoch=events.epoch,
         seq=seq,
         fingerprint=found.fingerprint,
-        blocks=[events.block_wire(b) for b in blocks],
+        blocks=[
+            *(events.block_wire(b) for b in blocks),
+            *(disk_block(e) for e in sorted(on_disk, key=lambda e: e.end) if e.key not in in_ram),
+        ],
+    )
+
+
+def disk_block(entry: DiskEntry) -> SnapshotBlock:
+    """A block only the disk tier holds."""
+    return SnapshotBlock(
+        key=entry.key.hex(),
+        parent=entry.parent.hex() if entry.parent is not None else None,
+        start=entry.start,
+        end=entry.end,
+        logits=entry.logits,
+        tier="disk",
     )
 
 

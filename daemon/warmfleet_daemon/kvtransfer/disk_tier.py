@@ -52,6 +52,7 @@ from warmfleet_daemon.regular_files import (
 log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
+DiskListener = Callable[[Literal["stored", "evicted"], DiskEntry], None]
 _MAX_HEADER = 1 << 20  # a block's safetensors header: metadata and tensor offsets
 DEFAULT_QUEUE_BYTES = 256 << 20
 
@@ -129,6 +130,10 @@ class DiskTier:
         self._read = self._read_bytes = 0
         self._write_s = self._read_s = 0.0
         self._dropped = self._ignored = 0
+        # Told of every block the disk gains or loses, under the tier's lock (the cache
+        # event log: tier "disk"). Must not block.
+        self.listeners: list[DiskListener] = []
+        self._to_delete: list[DiskEntry] = []  # files of a cleared cache, to delete
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".probe-", dir=self.directory)
@@ -238,11 +243,12 @@ class DiskTier:
     def _changed(self, kind: str, block: BlockView[kv.BlockPayload] | None) -> None:
         if kind == "stored" and block is not None:
             self._offer(block)
-        elif kind == "cleared":
+        elif kind == "cleared":  # the disk goes too (its files on the writer thread)
             with self._lock:
                 self._queue.clear()
                 self._queued_bytes = 0
-                self._clear_pending = True
+                self._epoch += 1
+                self._to_delete.extend(self._index.clear())
                 self._lock.notify_all()
 
     def _evicted(self, block: BlockView[kv.BlockPayload]) -> None:
@@ -266,7 +272,6 @@ class DiskTier:
             self._lock.notify_all()
             return True
 
-    _clear_pending = False
     _epoch = 0  # cache clears so far: a write that straddles one is discarded
 
     # -- writing ------------------------------------------------------------------------
@@ -274,11 +279,9 @@ class DiskTier:
     def _write_loop(self) -> None:
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self._queue or self._clear_pending or self._stopping)
-                if self._clear_pending:
-                    self._clear_pending = False
-                    self._epoch += 1
-                    gone = self._index.clear()
+                self._lock.wait_for(lambda: self._queue or self._to_delete or self._stopping)
+                if self._to_delete:
+                    gone, self._to_delete = self._to_delete, []
                     job: tuple[Chunk, BlockKey | None, kv.BlockPayload] | None = None
                 elif self._queue:
                     gone = []
@@ -326,8 +329,13 @@ class DiskTier:
             if epoch != self._epoch:  # the cache was cleared while it was written
                 fits = False
             else:
-                entry = DiskEntry(chunk.key, parent, chunk.start, chunk.end, size)
+                logits = payload.logits is not None
+                entry = DiskEntry(chunk.key, parent, chunk.start, chunk.end, size, logits)
                 fits, evicted = self._index.add(entry)
+                for gone in evicted:
+                    self._notify("evicted", gone)
+                if fits:
+                    self._notify("stored", entry)
             self._written += 1
             self._written_bytes += size
             self._write_s += time.perf_counter() - started
@@ -335,6 +343,18 @@ class DiskTier:
             self._path(entry.key).unlink(missing_ok=True)
         if not fits:
             path.unlink(missing_ok=True)
+
+    def _notify(self, kind: Literal["stored", "evicted"], entry: DiskEntry) -> None:
+        for listener in self.listeners:
+            try:
+                listener(kind, entry)
+            except Exception:  # the event log must never stop the disk tier
+                log.exception("a disk-tier listener failed")
+
+    def entries(self) -> list[DiskEntry]:
+        """Every block on disk (for the cache snapshot)."""
+        with self._lock:
+            return self._index.entries()
 
     def _turn_off(self, why: str) -> None:
         with self._lock:
@@ -344,6 +364,8 @@ class DiskTier:
             self._dropped += len(self._queue)
             self._queue.clear()
             self._queued_bytes = 0
+            for entry in self._index.clear():  # nothing is read from a disk that is off
+                self._notify("evicted", entry)
             for job, _ in self._reads:
                 job.failed = True
             self._lock.notify_all()
@@ -404,7 +426,9 @@ class DiskTier:
             log.warning("Ignoring disk-tier block %s (it will be prefilled): %s", path.name, exc)
             with self._lock:
                 self._ignored += 1
-                self._index.remove(chunk.key)
+                gone = self._index.remove(chunk.key)
+                if gone is not None:
+                    self._notify("evicted", gone)
             if isinstance(exc, BlockError):
                 path.unlink(missing_ok=True)
             return None
@@ -453,7 +477,7 @@ class DiskTier:
         key = bytes.fromhex(path.stem)
         info = path.stat()  # stat never blocks
         check_regular(path, info.st_mode)
-        meta = read_header(path, _MAX_HEADER)
+        meta, names = read_header(path, _MAX_HEADER)
         if meta.get("format") != FORMAT:
             raise BlockError(f"unknown block format {meta.get('format')!r}")
         if meta.get("fingerprint") != self.codec.fingerprint:
@@ -465,7 +489,14 @@ class DiskTier:
         if not 0 <= start < end:
             raise BlockError(f"span [{start}:{end})")
         return (
-            DiskEntry(key, bytes.fromhex(parent) if parent else None, start, end, info.st_size),
+            DiskEntry(
+                key,
+                bytes.fromhex(parent) if parent else None,
+                start,
+                end,
+                info.st_size,
+                "logits" in names,
+            ),
             info.st_mtime,
         )
 
@@ -481,8 +512,9 @@ def _free_space(directory: Path) -> str:
         return ""
 
 
-def read_header(path: str | Path, max_bytes: int) -> dict[str, Any]:
-    """A safetensors file's `__metadata__`, from its header alone (bounded)."""
+def read_header(path: str | Path, max_bytes: int) -> tuple[dict[str, Any], set[str]]:
+    """A safetensors file's `__metadata__` and tensor names, from its header alone
+    (bounded)."""
     with open_regular(path, 1 << 62) as fd:
         head = os.read(fd, 8)
         if len(head) < 8:
@@ -510,4 +542,4 @@ def read_header(path: str | Path, max_bytes: int) -> dict[str, Any]:
     ]
     if 8 + length + max(ends, default=0) > size:
         raise BlockError("truncated (shorter than its header says)")
-    return meta
+    return meta, {k for k in header if k != "__metadata__"}

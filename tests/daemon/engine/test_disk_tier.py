@@ -6,17 +6,21 @@ off and the engine keeps serving from RAM."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from support.engine import request, run, tokens_of
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_common.wire import event_line, parse_event_line
+from warmfleet_daemon.cache_events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine, Usage
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
@@ -203,3 +207,24 @@ def test_a_chain_whose_parent_left_ram_meanwhile_goes_on_on_disk(tiny, make_engi
     assert setup.disk.flush()
     again, usage = ask(e, a)
     assert again == expected and usage.cached_tokens == 88
+
+
+def test_events_and_the_snapshot_say_which_tier_holds_a_block(tiny, make_engine, setup) -> None:
+    events = CacheEventLog[Any](lambda payload: payload.logits is not None)
+    setup.engine.cache.listeners.append(events.record)
+    setup.disk.listeners.append(
+        lambda kind, e: events.record_block(kind, e.key, e.parent, e.start, e.end, e.logits, "disk")
+    )
+    a = prompt(6)
+    ask(setup.engine, a)
+    evict(setup, a)
+    backlog, subscription = events.subscribe(0, asyncio.new_event_loop())  # type: ignore[misc]
+    lines = [parse_event_line(event_line(e.as_wire())) for e in backlog]
+    keys = {c.key.hex() for c in setup.engine.plan(a)}
+    mine = [(e.type, e.tier) for e in lines if getattr(e, "key", None) in keys]
+    # Each of a's blocks reached the disk (written behind; the last, with its logits too
+    # large for this RAM, only there); some left RAM later, none left the disk.
+    assert mine.count(("stored", "disk")) == len(keys)
+    assert ("evicted", "ram") in mine and ("evicted", "disk") not in mine
+    assert {bytes.fromhex(k) for k in keys} <= {e.key for e in setup.disk.entries()}
+    events.unsubscribe(subscription)

@@ -46,6 +46,9 @@ def test_a_restarted_daemon_resumes_a_session_from_disk(tmp_path: Path) -> None:
 
     second = start_daemon(*args)
     try:
+        snapshot = httpx.get(f"{second.url}/v1/cache/snapshot", timeout=30).json()
+        tiers = {b["tier"] for b in snapshot["blocks"]}
+        assert tiers == {"disk"} and len(snapshot["blocks"]) >= 3  # before any request
         after = chat(second.url)
         status = httpx.get(f"{second.url}/v1/status", timeout=10).json()
     finally:
