@@ -5,11 +5,17 @@ The KV cache holds the token ids themselves, so the model sees the whole history
 every call: it finds the chat's generation prompt and emits `script[k]` for the k-th
 token after it, then EOS. Tokens outside the script get `fallback` logits (0 unless
 set), which is what a grammar mask chooses from when it forbids the scripted token.
+
+A list of scripts is one per assistant turn: the n-th assistant turn of the history
+(counted by its `<|im_start|>assistant` headers) says `scripts[n]` (the last one from
+there on), e.g. a tool call first and then text once the tool's result is in. Every
+prompt the model is asked to continue is kept in `prompts` (token ids): what the
+daemon made of each request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,11 +32,18 @@ NAME = "scripted"
 
 
 class ScriptedModel:
-    def __init__(self, tokenizer: Any, script: str, fallback: dict[str, float] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: str | Sequence[str],
+        fallback: dict[str, float] | None = None,
+    ):
         self.vocab_size = len(tokenizer)
         self.marker = tuple(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
         self.eos = min(tokenizer.eos_token_ids)
-        self.script = list(tokenizer.encode(script, add_special_tokens=False)) if script else []
+        turns = [script] if isinstance(script, str) else list(script)
+        self.scripts = [list(tokenizer.encode(t, add_special_tokens=False)) for t in turns]
+        self.prompts: list[list[int]] = []
         bias = [0.0] * self.vocab_size
         for text, value in (fallback or {}).items():
             for token in tokenizer.encode(text, add_special_tokens=False):
@@ -49,7 +62,10 @@ class ScriptedModel:
             i for i in range(len(history) - m + 1) if tuple(history[i : i + m]) == self.marker
         ]
         k = len(history) - (starts[-1] + m) if starts else 0
-        return self.script[k] if k < len(self.script) else self.eos
+        if k == 0 and starts:
+            self.prompts.append(history)
+        script = self.scripts[min(max(len(starts) - 1, 0), len(self.scripts) - 1)]
+        return script[k] if k < len(script) else self.eos
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         batch, length = inputs.shape
@@ -61,7 +77,7 @@ class ScriptedModel:
         return mx.broadcast_to(row, (1, length, self.vocab_size))
 
 
-def scripted_engine(tokenizer: Any, script: str, **kw: Any) -> Engine:
+def scripted_engine(tokenizer: Any, script: str | Sequence[str], **kw: Any) -> Engine:
     model = ScriptedModel(tokenizer, script, **kw)
     loaded = LoadedModel(model, tokenizer, NAME, "a script", 8192, False)  # type: ignore[arg-type]
     return Engine(loaded, EngineConfig(block_size=32, cache_budget_bytes=1 << 26))
