@@ -15,6 +15,7 @@ daemon made of each request.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -90,3 +91,33 @@ def serve(engine: Engine) -> Iterator[str]:
     settings = DaemonSettings(model=NAME, default_temperature=0.0)
     with serving(create_app(settings, engine=engine)) as url:
         yield url
+
+
+class Recorder:
+    """An ASGI app in front of `app` that keeps the path and JSON body of every POST it
+    passes on: what a client really sent."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.requests: list[tuple[str, Any]] = []
+
+    def bodies(self, path: str) -> list[Any]:
+        return [body for p, body in self.requests if p == path]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+
+        async def recording() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    try:
+                        self.requests.append((scope["path"], json.loads(b"".join(chunks))))
+                    except ValueError:
+                        self.requests.append((scope["path"], None))
+            return message
+
+        await self.app(scope, recording, send)
