@@ -59,7 +59,7 @@ def test_claude_code_is_captured_and_its_next_session_starts_warm(tmp_path: Path
     home, out = tmp_path / "home", tmp_path / "agents.yaml"
     home.mkdir()
     with capturing(out) as (url, proc):
-        result = claude(home, url, "say hi", model=NAME)
+        result = claude(home, url, "say hi", model=NAME).result
         assert result["is_error"] is False and "captured" in result["result"]
         wps = finish(proc)
     (entry,) = yaml.safe_load(out.read_text())
@@ -67,7 +67,7 @@ def test_claude_code_is_captured_and_its_next_session_starts_warm(tmp_path: Path
     assert len(entry["anthropic"]["tools"]) >= 5 and "billing" not in entry["anthropic"]["system"]
 
     with warm_daemon(out) as (url, tokens):
-        result = claude(home, url, "What files are here?", model=NAME)
+        result = claude(home, url, "What files are here?", model=NAME).result
     assert result["is_error"] is False and result["result"] == ANSWER
     assert result["num_turns"] == 1
     assert result["usage"]["cache_read_input_tokens"] == tokens["claude-code"] > 5000

@@ -41,6 +41,15 @@ def version(cli: Path) -> str:
     return done.stdout.strip()
 
 
+@dataclass
+class ClaudeRun:
+    """One `claude -p` run: its result (what `--output-format json` prints) and the
+    usage of each API request it made, in order (from its stream-json events)."""
+
+    result: dict[str, Any]
+    requests: list[dict[str, Any]]
+
+
 def claude(
     home: Path,
     url: str,
@@ -50,8 +59,8 @@ def claude(
     cwd: Path | None = None,
     max_output_tokens: int | None = None,
     timeout: float = 300,
-) -> dict[str, Any]:
-    """`claude -p PROMPT --output-format json ARGS` with HOME=home; its JSON result."""
+) -> ClaudeRun:
+    """`claude -p PROMPT --output-format stream-json --verbose ARGS` with HOME=home."""
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(home),
@@ -64,12 +73,18 @@ def claude(
     if max_output_tokens is not None:
         env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_output_tokens)
     done = subprocess.run(
-        [str(CLAUDE), "-p", prompt, "--output-format", "json", *args],
+        [str(CLAUDE), "-p", prompt, "--output-format", "stream-json", "--verbose", *args],
         env=env, cwd=cwd or home, capture_output=True, text=True, timeout=timeout,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    return dict(json.loads(done.stdout))
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    (result,) = [e for e in events if e["type"] == "result"]
+    usage: dict[str, dict[str, Any]] = {}  # one event per content block, one usage per message
+    for event in events:
+        if event["type"] == "assistant":
+            usage.setdefault(event["message"]["id"], event["message"]["usage"])
+    return ClaudeRun(result, list(usage.values()))
 
 
 @dataclass
