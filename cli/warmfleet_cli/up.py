@@ -63,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="each daemon's context in tokens, beyond the model's own if need be (Claude "
         "Code's first request is ~12k tokens: the embedded model's 8,192 are too few)",
     )
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        metavar="N",
+        help="each daemon's longest response, whatever a request asks or leaves open (Codex "
+        "sets no limit)",
+    )
 
 
 @dataclass
@@ -200,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
                 cmd += ["--block-size", str(args.block_size)]
             if args.max_context is not None:
                 cmd += ["--max-context", str(args.max_context)]
+            if args.max_output_tokens is not None:
+                cmd += ["--max-output-tokens", str(args.max_output_tokens)]
             children.append(Child(f"node-{i + 1}", _spawn(cmd)))
             _say(f"daemon node-{i + 1:<4} http://{args.host}:{port}  (model {args.model})")
         children.append(

@@ -85,10 +85,10 @@ def scripted_engine(tokenizer: Any, script: str | Sequence[str], **kw: Any) -> E
 
 
 @contextmanager
-def serve(engine: Engine) -> Iterator[str]:
+def serve(engine: Engine, **settings_: Any) -> Iterator[str]:
     """The daemon's app on a real HTTP port (uvicorn in a thread); yields its base URL."""
     # Greedy unless a request says otherwise: what a mask leaves is chosen deterministically.
-    settings = DaemonSettings(model=NAME, default_temperature=0.0)
+    settings = DaemonSettings(model=NAME, default_temperature=0.0, **settings_)
     with serving(create_app(settings, engine=engine)) as url:
         yield url
 

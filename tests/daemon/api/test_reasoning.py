@@ -65,10 +65,8 @@ def test_thinking_shown_as_updates_is_the_thinking_as_written(
         messages=ASK,  # type: ignore[arg-type]
         thinking={**thinking, "display": "updates"},  # type: ignore[typeddict-item]
     )
-    assert [(b.type, getattr(b, "thinking", None)) for b in r.content][0] == (
-        "thinking",
-        "The user wants a greeting.",
-    )
+    first = r.content[0]
+    assert first.type == "thinking" and first.thinking == "The user wants a greeting."
 
 
 def test_the_thinking_switch_reaches_the_template(url: str) -> None:
