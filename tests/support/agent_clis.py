@@ -95,6 +95,7 @@ class CodexRun:
     events: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     stderr: str = ""
+    code: int | None = None
 
     def said(self) -> list[str]:
         return [
@@ -109,6 +110,11 @@ class CodexRun:
             for e in self.events
             if e["type"] == "item.completed" and e["item"].get("type") == kind
         ]
+
+    def errors(self) -> list[str]:
+        """What failed the turn (`error` and `turn.failed` events), in order."""
+        failed = [e for e in self.events if e["type"] in ("error", "turn.failed")]
+        return [str(e.get("message") or e.get("error", {}).get("message")) for e in failed]
 
     def usage(self) -> dict[str, Any]:
         (usage,) = [e["usage"] for e in self.events if e["type"] == "turn.completed"]
@@ -144,9 +150,11 @@ def codex(
     cwd: Path | None = None,
     resume: str | None = None,
     timeout: float = 300,
+    check: bool = True,
 ) -> CodexRun:
     """`codex exec --json --skip-git-repo-check ARGS PROMPT` (with `resume`: `codex exec
-    resume THREAD PROMPT`, the thread's next turn), events timed as they arrive."""
+    resume THREAD PROMPT`, the thread's next turn), events timed as they arrive; with
+    `check`, it must exit 0 (a failed turn exits 1)."""
     env = codex_home(home, url, model)
     verb = ["resume", resume] if resume else []
     command = [str(CODEX), "exec", "--json", "--skip-git-repo-check", *args, *verb, prompt]
@@ -169,7 +177,10 @@ def codex(
             timer.cancel()
         stderr.seek(0)
         run.stderr = stderr.read()
-    assert code == 0, f"codex exited with {code}: {json.dumps(run.events)}\n{run.stderr}"
+    run.code = code
+    assert code == 0 or not check, (
+        f"codex exited with {code}: {json.dumps(run.events)}\n{run.stderr}"
+    )
     return run
 
 
