@@ -2,8 +2,8 @@
 
 N daemons on consecutive ports after the router's, the operator in local mode on a
 folder of WarmNode, Secret and WarmPromptSet YAML written for them (plus the warm sets
-of `--warm`: a folder's WarmPromptSets and ConfigMaps, or a warm-prompts file, which
-becomes a WarmPromptSet for every node), and the router on `--port`. Each component is
+of `--warm`: a folder's WarmPromptSets and ConfigMaps, a file of them, or a warm-prompts
+file, which becomes a WarmPromptSet for every node), and the router on `--port`. Each component is
 a child process in its own process group, so one Ctrl-C reaches `up` alone and `up`
 stops each child exactly once (a second SIGINT would make uvicorn skip its shutdown).
 """
@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warm",
         metavar="PATH",
-        help="WarmPromptSets to keep warm: a folder of YAML, or a warm-prompts file",
+        help="WarmPromptSets to keep warm: a folder of YAML, a file of WarmPromptSets, or a "
+        "warm-prompts file (as `warmfleet warm-prompts capture` prints and writes them)",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="the router's; daemons take the next")
@@ -61,6 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="each daemon's context in tokens, beyond the model's own if need be (Claude "
         "Code's first request is ~12k tokens: the embedded model's 8,192 are too few)",
+    )
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        metavar="N",
+        help="each daemon's longest response, whatever a request asks or leaves open (Codex "
+        "sets no limit)",
     )
 
 
@@ -98,7 +106,9 @@ def fleet_documents(nodes: int, host: str, first_port: int, token: str) -> list[
 
 
 def warm_documents(path: Path) -> list[dict[str, Any]]:
-    """The WarmPromptSets (and the ConfigMaps they read) that `--warm PATH` names."""
+    """The WarmPromptSets (and the ConfigMaps they read) that `--warm PATH` names: a
+    folder's, a file of them (the one `warmfleet warm-prompts capture` prints), or a
+    warm-prompts file (the one it writes)."""
     if path.is_dir():
         docs = []
         for file in sorted(path.glob("*.y*ml")):
@@ -106,13 +116,22 @@ def warm_documents(path: Path) -> list[dict[str, Any]]:
                 if isinstance(doc, dict) and doc.get("kind") in ("WarmPromptSet", "ConfigMap"):
                     docs.append(doc)
         return docs
-    return [warm_prompts_set(path)]
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    if documents and all(isinstance(d, dict) and "kind" in d for d in documents):
+        docs = [d for d in documents if d["kind"] in ("WarmPromptSet", "ConfigMap")]
+        if not any(d["kind"] == "WarmPromptSet" for d in docs):
+            raise ValueError(f"{path}: no WarmPromptSet in it")
+        return docs
+    if len(documents) != 1:
+        raise ValueError(f"{path}: expected one list of prompts, not {len(documents)} documents")
+    return [warm_prompts_set(path, documents[0])]
 
 
-def warm_prompts_set(path: Path) -> dict[str, Any]:
-    """A warm-prompts file (`warmfleet serve --warm-prompts` reads the same: entries with
-    name/messages/tools, or vllm-mlx's list of message lists) as a WarmPromptSet."""
-    entries = yaml.safe_load(path.read_text())
+def warm_prompts_set(path: Path, document: Any) -> dict[str, Any]:
+    """A warm-prompts file's `document` (what `warmfleet serve --warm-prompts` reads: a list
+    of entries with name/messages/tools, anthropic or responses, or vllm-mlx's list of
+    message lists; either also as `{prompts: [...]}`) as a WarmPromptSet."""
+    entries = document.get("prompts") if isinstance(document, dict) else document
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a list of prompts")
     prompts = []
@@ -188,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
                 cmd += ["--block-size", str(args.block_size)]
             if args.max_context is not None:
                 cmd += ["--max-context", str(args.max_context)]
+            if args.max_output_tokens is not None:
+                cmd += ["--max-output-tokens", str(args.max_output_tokens)]
             children.append(Child(f"node-{i + 1}", _spawn(cmd)))
             _say(f"daemon node-{i + 1:<4} http://{args.host}:{port}  (model {args.model})")
         children.append(

@@ -82,6 +82,13 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "message's header) at idle priority after each response",
     )
     p.add_argument("--default-max-tokens", type=int)
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        metavar="N",
+        help="the longest response in tokens, whatever a request asks or leaves open (Codex "
+        "sets no limit): longer ones end as cut by their own limit",
+    )
     p.add_argument("--default-temperature", type=float)
     p.add_argument(
         "--warm-prompts",

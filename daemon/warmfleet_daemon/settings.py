@@ -78,6 +78,12 @@ class DaemonSettings(BaseSettings):
         "answer and the next message's header) at idle priority",
     )
     default_max_tokens: int = Field(512, ge=1)
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="no response runs longer, whatever its request asks (or leaves open, "
+        "as Codex does): it ends as cut by its own limit (llama.cpp's --n-predict)",
+    )
     default_temperature: float = Field(
         1.0, ge=0.0, le=2.0, description="when a request sets none (OpenAI's default is 1)"
     )

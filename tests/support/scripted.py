@@ -5,11 +5,18 @@ The KV cache holds the token ids themselves, so the model sees the whole history
 every call: it finds the chat's generation prompt and emits `script[k]` for the k-th
 token after it, then EOS. Tokens outside the script get `fallback` logits (0 unless
 set), which is what a grammar mask chooses from when it forbids the scripted token.
+
+A list of scripts is one per assistant turn: the n-th assistant turn of the history
+(counted by its `<|im_start|>assistant` headers) says `scripts[n]` (the last one from
+there on), e.g. a tool call first and then text once the tool's result is in. Every
+prompt the model is asked to continue is kept in `prompts` (token ids): what the
+daemon made of each request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,11 +33,18 @@ NAME = "scripted"
 
 
 class ScriptedModel:
-    def __init__(self, tokenizer: Any, script: str, fallback: dict[str, float] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: str | Sequence[str],
+        fallback: dict[str, float] | None = None,
+    ):
         self.vocab_size = len(tokenizer)
         self.marker = tuple(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
         self.eos = min(tokenizer.eos_token_ids)
-        self.script = list(tokenizer.encode(script, add_special_tokens=False)) if script else []
+        turns = [script] if isinstance(script, str) else list(script)
+        self.scripts = [list(tokenizer.encode(t, add_special_tokens=False)) for t in turns]
+        self.prompts: list[list[int]] = []
         bias = [0.0] * self.vocab_size
         for text, value in (fallback or {}).items():
             for token in tokenizer.encode(text, add_special_tokens=False):
@@ -49,7 +63,10 @@ class ScriptedModel:
             i for i in range(len(history) - m + 1) if tuple(history[i : i + m]) == self.marker
         ]
         k = len(history) - (starts[-1] + m) if starts else 0
-        return self.script[k] if k < len(self.script) else self.eos
+        if k == 0 and starts:
+            self.prompts.append(history)
+        script = self.scripts[min(max(len(starts) - 1, 0), len(self.scripts) - 1)]
+        return script[k] if k < len(script) else self.eos
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         batch, length = inputs.shape
@@ -61,16 +78,46 @@ class ScriptedModel:
         return mx.broadcast_to(row, (1, length, self.vocab_size))
 
 
-def scripted_engine(tokenizer: Any, script: str, **kw: Any) -> Engine:
+def scripted_engine(tokenizer: Any, script: str | Sequence[str], **kw: Any) -> Engine:
     model = ScriptedModel(tokenizer, script, **kw)
     loaded = LoadedModel(model, tokenizer, NAME, "a script", 8192, False)  # type: ignore[arg-type]
     return Engine(loaded, EngineConfig(block_size=32, cache_budget_bytes=1 << 26))
 
 
 @contextmanager
-def serve(engine: Engine) -> Iterator[str]:
+def serve(engine: Engine, **settings_: Any) -> Iterator[str]:
     """The daemon's app on a real HTTP port (uvicorn in a thread); yields its base URL."""
     # Greedy unless a request says otherwise: what a mask leaves is chosen deterministically.
-    settings = DaemonSettings(model=NAME, default_temperature=0.0)
+    settings = DaemonSettings(model=NAME, default_temperature=0.0, **settings_)
     with serving(create_app(settings, engine=engine)) as url:
         yield url
+
+
+class Recorder:
+    """An ASGI app in front of `app` that keeps the path and JSON body of every POST it
+    passes on: what a client really sent."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.requests: list[tuple[str, Any]] = []
+
+    def bodies(self, path: str) -> list[Any]:
+        return [body for p, body in self.requests if p == path]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+
+        async def recording() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    try:
+                        self.requests.append((scope["path"], json.loads(b"".join(chunks))))
+                    except ValueError:
+                        self.requests.append((scope["path"], None))
+            return message
+
+        await self.app(scope, recording, send)

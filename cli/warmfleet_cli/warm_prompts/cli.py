@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"Captured {captured.prompt.name!r} ({captured.api} shape) from "
         f"{captured.client or 'a client'} and wrote it to {out}. Warm it with "
-        f"`warmfleet serve --warm-prompts {out}`, or apply this WarmPromptSet "
-        "(kubectl apply --server-side -f -):",
+        f"`warmfleet serve --warm-prompts {out}` or `warmfleet up --warm {out}`, or apply "
+        "this WarmPromptSet (kubectl apply --server-side -f -):",
         file=sys.stderr,
     )
     sys.stdout.write(dump_yaml(warm_prompt_set(entry)))

@@ -214,15 +214,20 @@ ToolChoice = Annotated[
 ]
 
 
+# "updates" (a beta; Claude Code's stream-json mode asks for it) shows thinking as it is
+# written, as "summarized" does here: the model's own thinking is never summarized.
+Display = Literal["summarized", "omitted", "updates"]
+
+
 class ThinkingEnabled(_Strict):
     type: Literal["enabled"]
     budget_tokens: int = Field(ge=1, description="not enforced: thinking counts in max_tokens")
-    display: Literal["summarized", "omitted"] | None = None
+    display: Display | None = None
 
 
 class ThinkingAdaptive(_Strict):
     type: Literal["adaptive"]
-    display: Literal["summarized", "omitted"] | None = None
+    display: Display | None = None
 
 
 class ThinkingDisabled(_Strict):

@@ -135,6 +135,9 @@ def _request(
 ) -> GenerationRequest:
     context = ready.model.context_length
     n = len(prompt.tokens)
+    ceiling = settings.max_output_tokens
+    if ceiling is not None and max_tokens is not None:
+        max_tokens = min(max_tokens, ceiling)
     if n >= context:
         raise APIError(
             400,
@@ -152,7 +155,7 @@ def _request(
             code="context_length_exceeded",
         )
     sampling = SamplingParams(
-        max_tokens=max_tokens or min(settings.default_max_tokens, context - n),
+        max_tokens=max_tokens or min(settings.default_max_tokens, ceiling or context, context - n),
         temperature=settings.default_temperature if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
@@ -423,13 +426,15 @@ async def agent_request(
     operation: str = "chat",
 ) -> AgentRequest:
     """Render and check an agent request. `max_tokens` beyond what the context leaves
-    is served up to the context's end (None: up to it); 0 only prefills the prompt (its
-    blocks are stored, nothing is generated)."""
+    (or --max-output-tokens) is served up to that (None: up to it); 0 only prefills the
+    prompt (its blocks are stored, nothing is generated)."""
     grammar, stops = await run_in_threadpool(
         output_constraints, ready, _constraint_view(chat, options)
     )
     prompt = await render_agent_prompt(ready, chat, options, http)
     room = ready.model.context_length - len(prompt.tokens)
+    if settings.max_output_tokens is not None:
+        room = min(room, settings.max_output_tokens)
     sampling = SamplingParams(
         max_tokens=max(1, room if max_tokens is None else min(max_tokens, room)),
         temperature=settings.default_temperature if temperature is None else temperature,

@@ -49,6 +49,26 @@ def test_anthropic_gets_a_thinking_block_then_the_text(url: str) -> None:
     assert hidden.content[0].thinking == "" and hidden.content[1].text == "Hello!"
 
 
+@pytest.mark.parametrize(
+    "thinking",
+    [{"type": "adaptive", "display": "updates"}, {"type": "enabled", "budget_tokens": 64}],
+)
+def test_thinking_shown_as_updates_is_the_thinking_as_written(
+    url: str, thinking: dict[str, object]
+) -> None:
+    # Claude Code 2.1's stream-json mode (claude -p --output-format stream-json) asks
+    # for `display: "updates"`, a beta value.
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    r = client.beta.messages.create(
+        model="scripted",
+        max_tokens=50,
+        messages=ASK,  # type: ignore[arg-type]
+        thinking={**thinking, "display": "updates"},  # type: ignore[typeddict-item]
+    )
+    first = r.content[0]
+    assert first.type == "thinking" and first.thinking == "The user wants a greeting."
+
+
 def test_the_thinking_switch_reaches_the_template(url: str) -> None:
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
 

@@ -1,0 +1,552 @@
+"""Claude Code's and Codex's first request against a cold fleet and a warm one, as the
+CLIs themselves report it; and what vllm-mlx 0.6.0's /v1/messages does with Claude
+Code's request on the same weights.
+
+    .venv/bin/python bench/agents_ttft.py --agents ~/agents [--runs 2] [--json out.json]
+
+--agents is a directory where `npm install @anthropic-ai/claude-code@2.1.332
+@openai/codex@0.171.0` was run. vllm-mlx lives in its own virtualenv (see
+bench/decode_c8.py); without it that part is skipped.
+
+Set-up, as a user would do it: each CLI is captured once (`warmfleet warm-prompts
+capture`) from the HOME and project directory its sessions then run in, into one
+warm-prompts file. Then, all on the embedded SmolLM2-135M (float32 on a CPU):
+
+cold      `warmfleet up --nodes 2 --model default --max-context 32768`: before each
+          run every daemon's prefix cache is cleared (DELETE /v1/cache/prefix).
+warm      the same with `--warm FILE`, once both daemons hold it warm; before each
+          round the caches are cleared and re-warmed, so a run reads the warm prompt
+          and nothing an earlier session left.
+vllm-mlx  `vllm-mlx serve DIR --continuous-batching` on `warmfleet convert default
+          DIR`: Claude Code's first turn, then `--resume` for a second.
+
+Each run is a new session in the same project directory, with a prompt of its own
+(another first word). Figures per run:
+
+Claude Code  `ttft_ms` from its JSON result (its first request's time to first token by
+             its own clock; reported only when the turn ends well) and that request's
+             prompt and `cache_read_input_tokens` (its `--output-format stream-json`
+             events). CLAUDE_CODE_MAX_OUTPUT_TOKENS keeps its answers short; a turn
+             whose every retry is cut there ends in an error, without `ttft_ms`.
+Codex        the time from `turn.started` to its first item event in `codex exec --json`
+             (it does not stream text: this includes writing its first message or
+             call), after which the run is stopped; Codex 0.171 has no setting for its
+             output length.
+both         the daemons' own TTFT of the first request and its cached share of the
+             prompt (gen_ai.server.time_to_first_token and the prefix-cache token
+             counters, read from each daemon's /metrics as they are recorded).
+
+Timed runs wait until the machine's 1-minute load average is below --max-load (other
+people's work on a shared machine); the load is printed with each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_vs_mlx_lm import THREAD_TIMEOUT, openblas, prepare
+
+VENV_BIN = Path(sys.executable).parent
+MODEL = "SmolLM2-135M-Instruct"  # the served name (Claude Code reads "default" as its alias)
+CONTEXT = 32768
+DEFAULT_VLLM_MLX = Path.home() / ".cache/peers/vllm-mlx/bin/vllm-mlx"
+WORDS = ["Which", "What", "List", "Name", "Show", "Tell", "Describe", "Find"]
+
+
+def prompt(i: int) -> str:
+    return f"{WORDS[i % len(WORDS)]} files are in this project, briefly?"
+
+
+# -- the machine ------------------------------------------------------------------------
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def quiet(max_load: float, patience: float) -> str:
+    """Wait (at most `patience` s) for the load average to drop below `max_load`."""
+    deadline = time.monotonic() + patience
+    while load() > max_load and time.monotonic() < deadline:
+        time.sleep(15)
+    return uptime()
+
+
+# -- the daemons' own figures ------------------------------------------------------------
+
+SERIES = {
+    "ttft_sum": "gen_ai_server_time_to_first_token_seconds_sum",
+    "ttft_count": "gen_ai_server_time_to_first_token_seconds_count",
+    "queried": "warmfleet_prefix_cache_queried_tokens_total",
+    "hits": "warmfleet_prefix_cache_hit_tokens_total",
+}
+
+
+def scrape(urls: list[str]) -> dict[str, float]:
+    """The fleet's totals of SERIES (summed over daemons and label sets)."""
+    totals = dict.fromkeys(SERIES, 0.0)
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        for key, name in SERIES.items():
+            for match in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M):
+                totals[key] += float(match.group(1))
+    return totals
+
+
+class FirstRequest:
+    """Polls the daemons' /metrics during a run; keeps the figures of the moment the
+    first request's first token was recorded (the CLIs send one request at a time)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.base = scrape(urls)
+        self.first: dict[str, float] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set() and self.first is None:
+            with contextlib.suppress(httpx.HTTPError):
+                now = scrape(self.urls)
+                if now["ttft_count"] > self.base["ttft_count"]:
+                    self.first = {k: now[k] - self.base[k] for k in SERIES}
+            self._stop.wait(0.2)
+
+    def stop(self) -> dict[str, float] | None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        return self.first
+
+
+# -- the fleet ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> int:
+    """A port with the next n-1 free as well (`warmfleet up` takes consecutive ones)."""
+    while True:
+        port = free_port()
+        with contextlib.ExitStack() as stack:
+            try:
+                for i in range(n):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port + i))
+            except OSError:
+                continue
+        return port
+
+
+@dataclass
+class Fleet:
+    url: str
+    daemons: list[str]
+    token: str
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def clear(self, warm: bool) -> float:
+        """Clear every daemon's prefix cache; with a warm set, wait until it is warm
+        again. Returns the seconds that took."""
+        started = time.monotonic()
+        for url in self.daemons:
+            httpx.delete(f"{url}/v1/cache/prefix", headers=self.auth(), timeout=30)
+        if warm:
+            self.wait_warm()
+        return time.monotonic() - started
+
+    def wait_warm(self, timeout: float = 7200) -> None:
+        deadline = time.monotonic() + timeout
+        for url in self.daemons:
+            while httpx.get(f"{url}/readyz", params={"warm": 1}, timeout=10).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{url} not warm in {timeout:.0f} s")
+                time.sleep(2)
+
+    def warm_tokens(self) -> dict[str, int]:
+        body = httpx.get(f"{self.daemons[0]}/v1/warm-sets", headers=self.auth(), timeout=10).json()
+        return {p["name"]: p["tokens"] for s in body["sets"] for p in s["prompts"]}
+
+
+@contextlib.contextmanager
+def fleet(folder: Path, nodes: int, warm: Path | None) -> Iterator[Fleet]:
+    """`warmfleet up` (its output in folder/up.log), once its router and daemons answer."""
+    port = free_ports(nodes + 1)
+    cmd = [
+        str(VENV_BIN / "warmfleet"), "up", "--nodes", str(nodes), "--model", "default",
+        "--max-context", str(CONTEXT), "--port", str(port), "--dir", str(folder),
+    ]  # fmt: skip
+    if warm:
+        cmd += ["--warm", str(warm)]
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "up.log").open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        daemons = [f"http://127.0.0.1:{port + 1 + i}" for i in range(nodes)]
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"warmfleet up did not start: see {folder / 'up.log'}")
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                token = (folder / "admin-token").read_text().strip()
+                if all(httpx.get(f"{d}/readyz", timeout=5).status_code == 200 for d in daemons):
+                    break
+            time.sleep(1)
+        yield Fleet(f"http://127.0.0.1:{port}", daemons, token)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the CLIs ----------------------------------------------------------------------------
+
+
+@dataclass
+class Project:
+    home: Path
+    work: Path
+    agents: Path
+    max_output: int
+
+    def bin(self, cli: str) -> Path:
+        return self.agents / "node_modules" / ".bin" / cli
+
+    def claude_env(self, url: str) -> dict[str, str]:
+        return {
+            "PATH": os.environ["PATH"],
+            "HOME": str(self.home),
+            "ANTHROPIC_BASE_URL": url,
+            "ANTHROPIC_API_KEY": "unused",
+            "ANTHROPIC_MODEL": MODEL,
+            "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output),
+        }
+
+    def codex_env(self, url: str, model: str = MODEL) -> dict[str, str]:
+        (self.home / "config.toml").write_text(
+            f'model = "{model}"\nmodel_provider = "warmfleet"\n'
+            "[model_providers.warmfleet]\n"
+            f'name = "warmfleet"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
+            'env_key = "WARMFLEET_API_KEY"\n'
+        )
+        return {
+            "PATH": os.environ["PATH"],
+            "HOME": str(self.home),
+            "CODEX_HOME": str(self.home),
+            "WARMFLEET_API_KEY": "unused",
+        }
+
+
+@dataclass
+class Run:
+    cli: str
+    where: str
+    load: str
+    wall_s: float = 0.0
+    ttft_ms: float | None = None  # Claude Code's own; Codex: to its first item event
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    server_ttft_s: float | None = None
+    server_prompt_tokens: int | None = None
+    server_cached_tokens: int | None = None
+    is_error: bool = False
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def claude_run(
+    project: Project, url: str, text: str, where: str, *args: str, daemons: list[str]
+) -> Run:
+    run = Run("claude", where, uptime())
+    probe = FirstRequest(daemons) if daemons else None
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(project.bin("claude")), "-p", text, "--output-format", "stream-json", "--verbose",
+         *args],
+        env=project.claude_env(url), cwd=project.work, capture_output=True, text=True,
+        timeout=7200, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    run.wall_s = time.monotonic() - started
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    results = [e for e in events if e.get("type") == "result"]
+    if not results:
+        run.is_error, run.note = True, (done.stderr or done.stdout)[-500:]
+    else:
+        result = results[0]
+        run.is_error = bool(result.get("is_error"))
+        run.ttft_ms = result.get("ttft_ms")
+        run.note = str(result.get("result"))[:160] if run.is_error else ""
+        run.extra = {"session_id": result.get("session_id"), "num_turns": result.get("num_turns")}
+    usages = [e["message"]["usage"] for e in events if e.get("type") == "assistant"]
+    if usages:
+        u = usages[0]
+        keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        run.prompt_tokens = sum(int(u.get(k) or 0) for k in keys)
+        run.cached_tokens = int(u.get("cache_read_input_tokens") or 0)
+    if probe:
+        _server(run, probe.stop())
+    return run
+
+
+def codex_run(project: Project, url: str, text: str, where: str, daemons: list[str]) -> Run:
+    run = Run("codex", where, uptime())
+    probe = FirstRequest(daemons)
+    command = [str(project.bin("codex")), "exec", "--json", "--skip-git-repo-check", text]
+    started = time.monotonic()
+    turn_started: float | None = None
+    with subprocess.Popen(
+        command, env=project.codex_env(url), cwd=project.work, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        timer = threading.Timer(7200, proc.kill)
+        timer.start()
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            now = time.monotonic()
+            if event["type"] == "turn.started":
+                turn_started = now
+            elif event["type"].startswith("item.") and turn_started is not None:
+                run.ttft_ms = (now - turn_started) * 1000
+                run.extra = {"first_item": event["item"].get("type")}
+                proc.terminate()  # its first output is in; the rest is the model's length
+                break
+            elif event["type"] in ("error", "turn.failed"):
+                run.is_error, run.note = True, json.dumps(event)[:300]
+        timer.cancel()
+        proc.wait()
+    run.wall_s = time.monotonic() - started
+    _server(run, probe.stop())
+    run.prompt_tokens, run.cached_tokens = run.server_prompt_tokens, run.server_cached_tokens
+    return run
+
+
+def _server(run: Run, first: dict[str, float] | None) -> None:
+    if first:
+        run.server_ttft_s = first["ttft_sum"]
+        run.server_prompt_tokens = int(first["queried"])
+        run.server_cached_tokens = int(first["hits"])
+
+
+def capture(project: Project, out: Path) -> None:
+    """Both CLIs' warm prompts, captured from the project directory into `out`."""
+    for cli in ("claude", "codex"):
+        port = free_port()
+        cap = subprocess.Popen(
+            [str(VENV_BIN / "warmfleet"), "warm-prompts", "capture", "--port", str(port),
+             "--out", str(out), "--timeout", "120"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.1)
+        if cli == "claude":
+            claude_run(project, url, "say hi", "capture", daemons=[])
+        else:
+            subprocess.run(
+                [str(project.bin("codex")), "exec", "--json", "--skip-git-repo-check", "say hi"],
+                env=project.codex_env(url), cwd=project.work, capture_output=True,
+                stdin=subprocess.DEVNULL, timeout=120,
+            )  # fmt: skip
+        _, err = cap.communicate(timeout=60)
+        if cap.returncode != 0:
+            raise RuntimeError(f"capture of {cli} failed: {err}")
+
+
+# -- vllm-mlx ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def vllm_mlx(binary: Path, model_dir: str, log: Path) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ}
+    blas = openblas()
+    if blas:
+        env["LD_PRELOAD"] = blas  # the BLAS warmfleet loads
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching",
+           "--served-model-name", MODEL]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm-mlx did not start: see {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            time.sleep(1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return f"{med:9.1f} [{min(values):.1f}-{max(values):.1f}] n={len(values)}"
+
+
+def report(runs: list[Run]) -> None:
+    print("\nper run:")
+    for r in runs:
+        share = f"{r.cached_tokens / r.prompt_tokens:.0%}" if r.prompt_tokens else "-"
+        server = f"{r.server_ttft_s:.1f}s" if r.server_ttft_s is not None else "-"
+        ttft = f"{r.ttft_ms / 1000:.1f}s" if r.ttft_ms is not None else "-"
+        print(
+            f"  {r.cli:6} {r.where:9} ttft {ttft:>8}  server {server:>8}  "
+            f"cached {r.cached_tokens}/{r.prompt_tokens} ({share})  wall {r.wall_s:.0f}s"
+            f"{'  ERROR ' + r.note if r.is_error else ''}  [load {r.load.split('average:')[-1]}]"
+        )
+    print("\nmedians [min-max] (s):")
+    for cli in ("claude", "codex"):
+        cold = [r for r in runs if r.cli == cli and r.where == "cold"]
+        warm = [r for r in runs if r.cli == cli and r.where == "warm"]
+        for label, key in (("own ttft", "ttft_ms"), ("server ttft", "server_ttft_s")):
+            scale = 1000 if key == "ttft_ms" else 1
+            c = [getattr(r, key) / scale for r in cold if getattr(r, key) is not None]
+            w = [getattr(r, key) / scale for r in warm if getattr(r, key) is not None]
+            ratio = f"{statistics.median(w) / statistics.median(c):.3f}x" if c and w else "-"
+            print(f"  {cli:6} {label:12} cold {spread(c)}  warm {spread(w)}  warm/cold {ratio}")
+        shares = [r.cached_tokens / r.prompt_tokens for r in warm if r.prompt_tokens]
+        if shares:
+            low, mid, high = min(shares), statistics.median(shares), max(shares)
+            print(f"  {cli:6} warm: first prompt cached {mid:.1%} [{low:.1%}-{high:.1%}]")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--agents", type=Path, required=True, help="where the CLIs were npm-installed")
+    ap.add_argument("--runs", type=int, default=2, help="runs per CLI, cold and warm")
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--max-output", type=int, default=400, help="CLAUDE_CODE_MAX_OUTPUT_TOKENS")
+    ap.add_argument("--max-load", type=float, default=1.5, help="wait for a quieter machine")
+    ap.add_argument("--patience", type=float, default=3600, help="seconds to wait for it")
+    ap.add_argument("--only", choices=["cold", "warm", "vllm-mlx"], action="append")
+    ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX)
+    ap.add_argument("--model-dir", default=None, help="converted model for vllm-mlx")
+    ap.add_argument("--dir", type=Path, help="keep the work here (default: a temporary one)")
+    ap.add_argument("--json", type=Path, help="also write the raw runs here")
+    args = ap.parse_args()
+    parts = args.only or ["cold", "warm", "vllm-mlx"]
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="agents-ttft-"))
+    project = Project(root / "home", root / "project", args.agents, args.max_output)
+    project.home.mkdir(parents=True, exist_ok=True)
+    project.work.mkdir(parents=True, exist_ok=True)
+    (project.work / "README.md").write_text("# demo\nA project the agents are asked about.\n")
+    warm_file = root / "agents.yaml"
+    print(f"work in {root}; {uptime()}")
+    print(f"settings: warmfleet up --nodes {args.nodes} --model default --max-context {CONTEXT}"
+          f" [--warm {warm_file.name}]; CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output}; "
+          f"{args.runs} runs per CLI and fleet")  # fmt: skip
+    if not warm_file.exists():
+        capture(project, warm_file)
+    runs: list[Run] = []
+    n = 0
+    for where in ("cold", "warm"):
+        if where not in parts:
+            continue
+        with fleet(
+            root / f"fleet-{where}", args.nodes, warm_file if where == "warm" else None
+        ) as f:
+            if where == "warm":
+                started = time.monotonic()
+                f.wait_warm()
+                print(f"warm: {f.warm_tokens()} in {time.monotonic() - started:.0f}s")
+            for i in range(args.runs):
+                for cli in ("claude", "codex"):
+                    took = 0.0
+                    if where == "cold":
+                        took = f.clear(warm=False)
+                    elif cli == "claude" and i:
+                        # One re-warm per round: the two CLIs' sessions share no prefix.
+                        took = f.clear(warm=True)
+                    quiet(args.max_load, args.patience)
+                    n += 1
+                    if cli == "claude":
+                        r = claude_run(project, f.url, prompt(n), where, daemons=f.daemons)
+                    else:
+                        r = codex_run(project, f.url, prompt(n), where, daemons=f.daemons)
+                    r.extra["cleared_s"] = round(took, 1)
+                    runs.append(r)
+                    report([r])
+    if "vllm-mlx" in parts and args.vllm_mlx.exists():
+        _, model_dir = prepare(args.model_dir)
+        with vllm_mlx(args.vllm_mlx, model_dir, root / "vllm-mlx.log") as url:
+            quiet(args.max_load, args.patience)
+            first = claude_run(project, url, prompt(n + 1), "vllm-mlx", daemons=[])
+            runs.append(first)
+            report([first])
+            if first.extra.get("session_id"):
+                again = claude_run(
+                    project, url, "And the README?", "vllm-mlx", "--resume",
+                    str(first.extra["session_id"]), daemons=[],
+                )  # fmt: skip
+                again.where = "vllm-mlx+1"
+                runs.append(again)
+                report([again])
+    elif "vllm-mlx" in parts:
+        print(f"vllm-mlx not found at {args.vllm_mlx}: skipped")
+    report(runs)
+    print(f"\n{uptime()}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
