@@ -11,7 +11,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -20,7 +20,7 @@ from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
 from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
-from warmfleet_router.index import BlockIndex, Flight
+from warmfleet_router.index import BlockIndex, Flight, TierHit
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
@@ -78,6 +78,7 @@ class Plan:
     affinity: str | None
     started: float  # the request's arrival, before it was tokenized
     predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
+    tiers: dict[str, TierHit] = field(default_factory=dict)  # the same, by tier
     # What each prediction rests on: "events" (the daemon's cache events), "contended"
     # (events, but a request in flight there shares blocks not stored yet), "history"
     # (the router's own routing, and warm sets), "resyncing" (nothing yet).
@@ -221,8 +222,16 @@ class Fleet:
             b.name: prepared.blocks.get(self._fingerprint_of(b), EMPTY) if keyed else EMPTY
             for b in backends
         }
+        hits = {b.name: self.index.predict_tiers(b.name, blocks[b.name]) for b in backends}
         candidates = [
-            Candidate(b.name, b.in_flight, self.index.predict(b.name, blocks[b.name]))
+            Candidate(
+                b.name,
+                b.in_flight,
+                hits[b.name].total,
+                disk_tokens=hits[b.name].disk,
+                peer_tokens=hits[b.name].peer,
+                costs=b.costs,
+            )
             for b in backends
         ]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
@@ -238,7 +247,7 @@ class Fleet:
         predicted = {c.name: c.cached_tokens for c in candidates}
         sources = {b.name: _source(b) for b in backends}
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
-        return Plan(decision, blocks, affinity, arrived, predicted, sources)
+        return Plan(decision, blocks, affinity, arrived, predicted, hits, sources)
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
@@ -290,6 +299,9 @@ class Fleet:
                 "outcome": outcome,
                 "session": self._session_hash(plan.affinity),
                 "predicted_cached_tokens": predicted,
+                "predicted_by_tier": asdict(plan.tiers[backend.name])
+                if predicted is not None and backend.name in plan.tiers
+                else None,
                 "prediction_source": source if predicted is not None else None,
                 "cached_tokens": cached,
                 "prompt_tokens": prompt_tokens,
@@ -361,6 +373,7 @@ class Fleet:
                     },
                     "models": sorted(b.models) if b.models is not None else None,
                     "context_length": b.context_length,
+                    "tier_costs": b.costs.model_dump() if b.costs is not None else None,
                     "warm_sets": b.warm_sets,
                     "last_error": b.last_error,
                     "problems": dict(b.problems),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_router.policy import Candidate, capacity, choose, eligible, rendezvous
 
 
@@ -99,3 +100,77 @@ def test_session_policy_hashes_the_affinity_key_with_bounded_load() -> None:
 def test_no_candidates_is_an_error() -> None:
     with pytest.raises(ValueError):
         choose("prefix", [])
+
+
+# -- tiers: the prefill time a backend's cache would save --------------------------------
+
+MAC = TierCosts(
+    prefill_us_per_token=100.0,
+    ram_restore_us_per_token=1.0,
+    disk_read_us_per_token=10.0,
+    kv_bytes_per_token=46080,
+)
+
+
+def tiered(name: str, load: int, ram: int = 0, disk: int = 0, **costs: object) -> Candidate:
+    """A backend with MAC's costs (some replaced) and a predicted hit by tier."""
+    return Candidate(name, load, ram + disk, disk_tokens=disk, costs=MAC.model_copy(update=costs))
+
+
+def test_a_ram_hit_beats_a_disk_hit_beats_a_miss() -> None:
+    backends = [tiered("miss", 1), tiered("disk", 1, disk=640), tiered("ram", 1, ram=640)]
+    d = choose("prefix", backends)
+    assert (d.backend, d.reason, d.predicted) == ("ram", "prefix", 640)
+    assert d.fallbacks == ("disk", "miss")
+    d = choose("prefix", backends[:2])
+    assert (d.backend, d.reason, d.predicted) == ("disk", "prefix", 640)
+
+
+def test_time_saved_not_tokens_decides() -> None:
+    # 640 tokens in RAM save 640 x 99 us; 700 on disk save 700 x 89 us = less.
+    d = choose("prefix", [tiered("disk", 0, disk=700), tiered("ram", 0, ram=640)])
+    assert (d.backend, d.predicted) == ("ram", 640)
+    # A mixed hit: 512 in RAM and 256 on disk beat 640 in RAM.
+    d = choose("prefix", [tiered("ram", 0, ram=640), tiered("both", 0, ram=512, disk=256)])
+    assert (d.backend, d.predicted) == ("both", 768)
+    # A slow disk (its read costs more than a prefill) loses to a miss.
+    slow = tiered("slow-disk", 0, disk=640, disk_read_us_per_token=150.0)
+    d = choose("prefix", [slow, tiered("miss", 0)])
+    assert (d.backend, d.reason) == ("miss", "fallback")
+
+
+def test_the_load_filter_still_wins_over_a_ram_hit() -> None:
+    # Mean in-flight with this request: 8/4 = 2, cap ceil(1.25 x 2) = 3: "ram" (3) is full.
+    backends = [
+        tiered("ram", 3, ram=900),
+        tiered("disk", 2, disk=900),
+        tiered("small", 1, ram=100),
+        tiered("miss", 1),
+    ]
+    d = choose("prefix", backends)
+    assert (d.backend, d.reason, d.predicted) == ("disk", "load-spill", 900)
+    assert d.fallbacks == ("small", "miss", "ram")
+    assert choose("prefix", backends, epsilon=1.0).backend == "ram"
+
+
+def test_equal_savings_go_to_the_less_loaded() -> None:
+    d = choose("prefix", [tiered("a", 2, ram=512), tiered("b", 1, ram=512)], epsilon=1.0)
+    assert (d.backend, d.reason) == ("b", "prefix")
+
+
+def test_backends_without_costs_score_as_ram_hits_at_the_fleets_typical_saving() -> None:
+    old = Candidate("old", 0, 640)  # an older daemon: no costs, no tiers
+    d = choose("prefix", [old, tiered("disk", 0, disk=640)])
+    assert d.backend == "old"  # 640 x 99 us (the median RAM saving) beats 640 x 89 us
+    d = choose("prefix", [old, tiered("ram", 0, ram=700)])
+    assert d.backend == "ram"
+    # None has costs: tokens, as before tiers.
+    d = choose("prefix", [Candidate("a", 0, 100), Candidate("b", 0, 300, disk_tokens=300)])
+    assert (d.backend, d.predicted) == ("b", 300)
+
+
+def test_a_disk_hit_on_a_backend_that_cannot_read_its_disk_saves_nothing() -> None:
+    # Costs without a disk read (no disk tier at start) and disk tokens: priced at zero.
+    blind = tiered("blind", 0, disk=640, disk_read_us_per_token=None)
+    d = choose("prefix", [blind, tiered("small", 0, ram=32)])
+    assert d.backend == "small"

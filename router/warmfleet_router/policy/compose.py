@@ -3,11 +3,13 @@ scheduler shape), and the four policies are compositions of the same pieces:
 
 | policy | filters | scorers (ties go to the next) | picker |
 |---|---|---|---|
-| `prefix` | bounded load, session pin | cached tokens, load, request hash | best |
+| `prefix` | bounded load, session pin | time saved, load, request hash | best |
 | `least-load` | | load, request hash | best |
 | `round-robin` | | name order from the turn | best |
 | `session` | bounded load | session-key hash, load, request hash | ring |
 
+Time saved weighs each backend's predicted cached tokens by tier with the costs it
+measured (RAM beats disk beats a miss); without any costs it is cached tokens.
 Every policy first admits the backends that are ready and serve the request's model.
 The reason a decision gives: `session` when the session pin chose it, `load-spill`
 when a filter kept the best-ranked backend (or the session's) from it, else the first
@@ -31,11 +33,11 @@ from warmfleet_router.policy.model import (
 from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
 from warmfleet_router.policy.scorers import (
     AffinityHash,
-    CachedTokens,
     LeastLoad,
     RoundRobin,
     Scorer,
     TieHash,
+    TimeSaved,
 )
 
 PolicyName = Literal["prefix", "round-robin", "least-load", "session"]
@@ -106,7 +108,7 @@ def build(name: PolicyName, epsilon: float = DEFAULT_EPSILON) -> Policy:
     if name == "prefix":
         return Policy(
             name,
-            (CachedTokens(), LeastLoad(), TieHash()),
+            (TimeSaved(), LeastLoad(), TieHash()),
             (BoundedLoad(epsilon), SessionPin()),
         )
     if name == "least-load":
