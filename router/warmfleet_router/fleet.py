@@ -287,8 +287,21 @@ class Fleet:
         source = plan.sources.get(backend.name, _source(backend))
         if source == "events" and flight is not None and flight.contended:
             source = "contended"
+        hit = plan.tiers.get(backend.name)
+        served = None
+        if usage is not None and usage.disk_tokens is not None:
+            served = {"ram": usage.cached_tokens - usage.disk_tokens, "disk": usage.disk_tokens}
         self.metrics.request_finished(
-            backend, reason, outcome, predicted, source, prompt_tokens, cached, first_byte
+            backend,
+            reason,
+            outcome,
+            predicted,
+            source,
+            prompt_tokens,
+            cached,
+            first_byte,
+            {"ram": hit.ram, "disk": hit.disk, "peer": hit.peer} if hit is not None else None,
+            served,
         )
         self.decisions.append(
             {

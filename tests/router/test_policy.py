@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from warmfleet_common.cache_layout import TierCosts
-from warmfleet_router.policy import Candidate, capacity, choose, eligible, rendezvous
+from warmfleet_router.policy import (
+    Candidate,
+    bands,
+    capacity,
+    choose,
+    eligible,
+    rendezvous,
+)
 
 
 def fleet(*loads: int, cached: tuple[int, ...] = ()) -> list[Candidate]:
@@ -104,10 +111,11 @@ def test_no_candidates_is_an_error() -> None:
 
 # -- tiers: the prefill time a backend's cache would save --------------------------------
 
+# Per token: a RAM hit saves 99 us, a disk hit 69 us (read 30 + restore 1).
 MAC = TierCosts(
     prefill_us_per_token=100.0,
     ram_restore_us_per_token=1.0,
-    disk_read_us_per_token=10.0,
+    disk_read_us_per_token=30.0,
     kv_bytes_per_token=46080,
 )
 
@@ -127,12 +135,12 @@ def test_a_ram_hit_beats_a_disk_hit_beats_a_miss() -> None:
 
 
 def test_time_saved_not_tokens_decides() -> None:
-    # 640 tokens in RAM save 640 x 99 us; 700 on disk save 700 x 89 us = less.
-    d = choose("prefix", [tiered("disk", 0, disk=700), tiered("ram", 0, ram=640)])
+    # 640 tokens in RAM save 640 x 99 us; 800 on disk save 800 x 69 us: less.
+    d = choose("prefix", [tiered("disk", 0, disk=800), tiered("ram", 0, ram=640)])
     assert (d.backend, d.predicted) == ("ram", 640)
-    # A mixed hit: 512 in RAM and 256 on disk beat 640 in RAM.
-    d = choose("prefix", [tiered("ram", 0, ram=640), tiered("both", 0, ram=512, disk=256)])
-    assert (d.backend, d.predicted) == ("both", 768)
+    # 400 in RAM and 400 on disk beat 400 in RAM alone.
+    d = choose("prefix", [tiered("ram", 0, ram=400), tiered("both", 0, ram=400, disk=400)])
+    assert (d.backend, d.predicted) == ("both", 800)
     # A slow disk (its read costs more than a prefill) loses to a miss.
     slow = tiered("slow-disk", 0, disk=640, disk_read_us_per_token=150.0)
     d = choose("prefix", [slow, tiered("miss", 0)])
@@ -153,20 +161,43 @@ def test_the_load_filter_still_wins_over_a_ram_hit() -> None:
     assert choose("prefix", backends, epsilon=1.0).backend == "ram"
 
 
-def test_equal_savings_go_to_the_less_loaded() -> None:
-    d = choose("prefix", [tiered("a", 2, ram=512), tiered("b", 1, ram=512)], epsilon=1.0)
-    assert (d.backend, d.reason) == ("b", "prefix")
+def test_savings_within_a_fifth_are_equal_and_load_decides_then_the_faster_tier() -> None:
+    # Equal machines whose measured costs differ by noise, the same prefix in RAM.
+    noisy = [
+        tiered("a", 2, ram=512, prefill_us_per_token=104.0),
+        tiered("b", 1, ram=512, prefill_us_per_token=97.0),
+    ]
+    d = choose("prefix", noisy, epsilon=1.0)
+    assert (d.backend, d.reason) == ("b", "prefix")  # the less loaded, not the "slower"
+    picks = {
+        choose("prefix", [tiered(n, 0, ram=512, prefill_us_per_token=p) for n, p in
+                          (("a", 104.0), ("b", 97.0), ("c", 100.0))],
+               tie_key=bytes([i])).backend
+        for i in range(32)
+    }  # fmt: skip
+    assert picks == {"a", "b", "c"}  # equal work is spread, as with no costs at all
+    # A disk read that costs little (a fast SSD): RAM and disk hits save about as much.
+    ssd = {"disk_read_us_per_token": 5.0}
+    pair = [tiered("disk", 0, disk=640, **ssd), tiered("ram", 1, ram=640, **ssd)]
+    assert choose("prefix", pair, epsilon=1.0).backend == "disk"  # less loaded
+    pair = [tiered("disk", 1, disk=640, **ssd), tiered("ram", 1, ram=640, **ssd)]
+    assert choose("prefix", pair, epsilon=1.0).backend == "ram"  # equal load: RAM
+
+
+def test_bands_open_at_the_best_value_left() -> None:
+    assert bands([100, 95, 89, 85, 0, -5], 0.1) == [0, 0, -1, -1, -2, -3]
+    assert bands([], 0.1) == [] and bands([0, 0], 0.1) == [0, 0]
 
 
 def test_backends_without_costs_score_as_ram_hits_at_the_fleets_typical_saving() -> None:
     old = Candidate("old", 0, 640)  # an older daemon: no costs, no tiers
     d = choose("prefix", [old, tiered("disk", 0, disk=640)])
-    assert d.backend == "old"  # 640 x 99 us (the median RAM saving) beats 640 x 89 us
-    d = choose("prefix", [old, tiered("ram", 0, ram=700)])
+    assert d.backend == "old"  # 640 x 99 us (the median RAM saving) beats 640 x 69 us
+    d = choose("prefix", [old, tiered("ram", 0, ram=900)])
     assert d.backend == "ram"
-    # None has costs: tokens, as before tiers.
-    d = choose("prefix", [Candidate("a", 0, 100), Candidate("b", 0, 300, disk_tokens=300)])
-    assert (d.backend, d.predicted) == ("b", 300)
+    # None has costs: tokens, exactly, as before tiers.
+    d = choose("prefix", [Candidate("a", 0, 300), Candidate("b", 0, 301, disk_tokens=301)])
+    assert (d.backend, d.predicted) == ("b", 301)
 
 
 def test_a_disk_hit_on_a_backend_that_cannot_read_its_disk_saves_nothing() -> None:

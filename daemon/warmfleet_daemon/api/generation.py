@@ -30,6 +30,7 @@ from warmfleet_daemon.api.output import (
     thinking_markers,
 )
 from warmfleet_daemon.api.schemas import (
+    CacheTiers,
     ChatCompletionRequest,
     CompletionRequest,
     JsonSchemaFormat,
@@ -207,7 +208,14 @@ def usage_info(usage: Usage | None) -> UsageInfo:
         completion_tokens=u.completion_tokens,
         total_tokens=u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
+        cached_tokens_by_tier=CacheTiers(**tiers_of(u)),
     )
+
+
+def tiers_of(usage: Usage) -> dict[str, int]:
+    """`usage.cached_tokens_by_tier` (every API's usage carries it: the router counts
+    served hits by tier from it)."""
+    return {"ram": usage.cached_tokens - usage.disk_tokens, "disk": usage.disk_tokens}
 
 
 @dataclass
@@ -285,7 +293,10 @@ def total_usage(finals: Sequence[Event]) -> Usage:
     if not usages:
         return Usage(0, 0, 0)
     return Usage(
-        usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens
+        usages[0].prompt_tokens,
+        sum(u.completion_tokens for u in usages),
+        usages[0].cached_tokens,
+        usages[0].disk_tokens,
     )
 
 

@@ -8,8 +8,9 @@ fallbacks. `prefix` (the default): the most prefill time saved by the backend's 
 (its predicted cached tokens by tier, RAM or disk, priced with the costs it measured;
 cached tokens where no backend published costs), subject to bounded load (consistent
 hashing with bounded loads: no backend may take a request that would put it above
-ceil((1 + epsilon) x the mean in-flight count)); ties by load, then by a rendezvous
-hash of the request so equal candidates share new work. A session key keeps a session
+ceil((1 + epsilon) x the mean in-flight count)); ties (savings within a fifth) by load,
+then the larger share in RAM, then a rendezvous hash of the request so equal
+candidates share new work. A session key keeps a session
 where it is while that backend is eligible. `round-robin`, `least-load` and `session`
 (rendezvous hash of the session key) exist to compare against. New routing ideas are
 new pieces in `compose.build`.
@@ -47,11 +48,13 @@ from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
 from warmfleet_router.policy.scorers import (
     AffinityHash,
     CachedTokens,
+    FasterTier,
     LeastLoad,
     RoundRobin,
     Scorer,
     TieHash,
     TimeSaved,
+    bands,
     rendezvous,
     saved_us,
 )
@@ -66,6 +69,7 @@ __all__ = [
     "CachedTokens",
     "Candidate",
     "Decision",
+    "FasterTier",
     "Filter",
     "LeastLoad",
     "ModelNotFound",
@@ -85,6 +89,7 @@ __all__ = [
     "TieHash",
     "TimeSaved",
     "admit",
+    "bands",
     "build",
     "capacity",
     "choose",
