@@ -89,8 +89,8 @@ def bands(values: Sequence[float], tolerance: float) -> list[int]:
 
 
 class FasterTier:
-    """More of the hit in RAM (then on disk) is better: between backends whose savings
-    count as equal, the one that restores rather than reads."""
+    """More of the hit in RAM is better: between backends whose savings count as equal
+    (and equally loaded), the one that restores rather than reads from disk."""
 
     reason: Reason = "prefix"
     needs_cache = True
