@@ -66,6 +66,8 @@ def test_a_restarted_daemon_resumes_a_session_from_disk(tmp_path: Path) -> None:
     prompt = after["usage"]["prompt_tokens"]
     cached = after["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= prompt - 32  # all but the last block at most
+    tiers = after["usage"]["cached_tokens_by_tier"]  # where they came from: the disk
+    assert tiers["disk"] > 0 and tiers["ram"] + tiers["disk"] == cached
     assert status["disk_tier"]["read_blocks"] > 0
 
 
