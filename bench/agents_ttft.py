@@ -12,8 +12,9 @@ Set-up, as a user would do it: each CLI is captured once (`warmfleet warm-prompt
 capture`) from the HOME and project directory its sessions then run in, into one
 warm-prompts file. Then, all on the embedded SmolLM2-135M (float32 on a CPU):
 
-cold      `warmfleet up --nodes 2 --model default --max-context 32768`: before each
-          run every daemon's prefix cache is cleared (DELETE /v1/cache/prefix).
+cold      `warmfleet up --nodes 2 --model default --max-context 32768
+          --max-output-tokens 128`: before each run every daemon's prefix cache is
+          cleared (DELETE /v1/cache/prefix).
 warm      the same with `--warm FILE`, once both daemons hold it warm; before each
           round the caches are cleared and re-warmed, so a run reads the warm prompt
           and nothing an earlier session left.
@@ -28,10 +29,10 @@ Claude Code  `ttft_ms` from its JSON result (its first request's time to first t
              prompt and `cache_read_input_tokens` (its `--output-format stream-json`
              events). CLAUDE_CODE_MAX_OUTPUT_TOKENS keeps its answers short; a turn
              whose every retry is cut there ends in an error, without `ttft_ms`.
-Codex        the time from `turn.started` to its first item event in `codex exec --json`
-             (it does not stream text: this includes writing its first message or
-             call), after which the run is stopped; Codex 0.171 has no setting for its
-             output length.
+Codex        the time from `turn.started` to its first event after it in `codex exec
+             --json` (it does not stream text: this includes writing its first message
+             or call, at most --max-output-tokens, which Codex 0.171 reads as a full
+             context when it cuts the answer), after which the run is stopped.
 both         the daemons' own TTFT of the first request and its cached share of the
              prompt (gen_ai.server.time_to_first_token and the prefix-cache token
              counters, read from each daemon's /metrics as they are recorded).
@@ -199,12 +200,13 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet(folder: Path, nodes: int, warm: Path | None) -> Iterator[Fleet]:
+def fleet(folder: Path, nodes: int, warm: Path | None, max_output: int) -> Iterator[Fleet]:
     """`warmfleet up` (its output in folder/up.log), once its router and daemons answer."""
     port = free_ports(nodes + 1)
     cmd = [
         str(VENV_BIN / "warmfleet"), "up", "--nodes", str(nodes), "--model", "default",
-        "--max-context", str(CONTEXT), "--port", str(port), "--dir", str(folder),
+        "--max-context", str(CONTEXT), "--max-output-tokens", str(max_output),
+        "--port", str(port), "--dir", str(folder),
     ]  # fmt: skip
     if warm:
         cmd += ["--warm", str(warm)]
@@ -343,13 +345,13 @@ def codex_run(project: Project, url: str, text: str, where: str, daemons: list[s
             now = time.monotonic()
             if event["type"] == "turn.started":
                 turn_started = now
-            elif event["type"].startswith("item.") and turn_started is not None:
+            elif turn_started is not None:
+                # Its first output (an item, or the error of a response cut at the limit).
                 run.ttft_ms = (now - turn_started) * 1000
-                run.extra = {"first_item": event["item"].get("type")}
-                proc.terminate()  # its first output is in; the rest is the model's length
+                run.extra = {"first_event": event["item"]["type"] if "item" in event else event}
+                run.is_error = event["type"] in ("error", "turn.failed")
+                proc.terminate()  # the rest is the model's length, not the first request
                 break
-            elif event["type"] in ("error", "turn.failed"):
-                run.is_error, run.note = True, json.dumps(event)[:300]
         timer.cancel()
         proc.wait()
     run.wall_s = time.monotonic() - started
@@ -472,7 +474,12 @@ def main() -> int:
     ap.add_argument("--agents", type=Path, required=True, help="where the CLIs were npm-installed")
     ap.add_argument("--runs", type=int, default=2, help="runs per CLI, cold and warm")
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--max-output", type=int, default=400, help="CLAUDE_CODE_MAX_OUTPUT_TOKENS")
+    ap.add_argument(
+        "--max-output",
+        type=int,
+        default=128,
+        help="CLAUDE_CODE_MAX_OUTPUT_TOKENS, and the daemons' --max-output-tokens (Codex)",
+    )
     ap.add_argument("--max-load", type=float, default=1.5, help="wait for a quieter machine")
     ap.add_argument("--patience", type=float, default=3600, help="seconds to wait for it")
     ap.add_argument("--only", choices=["cold", "warm", "vllm-mlx"], action="append")
@@ -500,9 +507,8 @@ def main() -> int:
     for where in ("cold", "warm"):
         if where not in parts:
             continue
-        with fleet(
-            root / f"fleet-{where}", args.nodes, warm_file if where == "warm" else None
-        ) as f:
+        warm = warm_file if where == "warm" else None
+        with fleet(root / f"fleet-{where}", args.nodes, warm, args.max_output) as f:
             if where == "warm":
                 started = time.monotonic()
                 f.wait_warm()
