@@ -15,9 +15,12 @@ warm-prompts file. Then, all on the embedded SmolLM2-135M (float32 on a CPU):
 cold      `warmfleet up --nodes 2 --model default --max-context 32768
           --max-output-tokens 128`: before each run every daemon's prefix cache is
           cleared (DELETE /v1/cache/prefix).
-warm      the same with `--warm FILE`, once both daemons hold it warm; before each
-          round the caches are cleared and re-warmed, so a run reads the warm prompt
-          and nothing an earlier session left.
+warm      the same with `--warm FILE`, once both daemons hold it warm. With --rewarm the
+          caches are cleared and re-warmed before each round, so a run reads the warm
+          prompt and nothing an earlier session left; without it (the default: a
+          re-warm costs both daemons the cold prefill of both prompts) a later round
+          may also read the part of the first user message before the user's words
+          (Claude Code's ~130-token system-reminder), as a user's second session would.
 vllm-mlx  `vllm-mlx serve DIR --continuous-batching` on `warmfleet convert default
           DIR`: Claude Code's first turn, then `--resume` for a second.
 
@@ -430,6 +433,20 @@ def vllm_mlx(binary: Path, model_dir: str, log: Path) -> Iterator[str]:
             proc.wait()
 
 
+def versions(project: Project, vllm_mlx: Path) -> dict[str, str]:
+    out = {}
+    for cli in ("claude", "codex"):
+        done = subprocess.run([str(project.bin(cli)), "--version"], capture_output=True, text=True)
+        out[cli] = done.stdout.strip()
+    python = vllm_mlx.parent / "python"
+    if python.exists():
+        code = "import importlib.metadata as m; print(*(m.version(p) for p in PEERS))"
+        code = code.replace("PEERS", repr(("vllm-mlx", "mlx", "mlx-lm")))
+        shown = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+        out["peer vllm-mlx, mlx, mlx-lm"] = shown.stdout.strip()
+    return out
+
+
 # -- the report --------------------------------------------------------------------------
 
 
@@ -482,6 +499,7 @@ def main() -> int:
     )
     ap.add_argument("--max-load", type=float, default=1.5, help="wait for a quieter machine")
     ap.add_argument("--patience", type=float, default=3600, help="seconds to wait for it")
+    ap.add_argument("--rewarm", action="store_true", help="re-warm before each warm round")
     ap.add_argument("--only", choices=["cold", "warm", "vllm-mlx"], action="append")
     ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX)
     ap.add_argument("--model-dir", default=None, help="converted model for vllm-mlx")
@@ -498,8 +516,10 @@ def main() -> int:
     warm_file = root / "agents.yaml"
     print(f"work in {root}; {uptime()}")
     print(f"settings: warmfleet up --nodes {args.nodes} --model default --max-context {CONTEXT}"
-          f" [--warm {warm_file.name}]; CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output}; "
-          f"{args.runs} runs per CLI and fleet")  # fmt: skip
+          f" --max-output-tokens {args.max_output} [--warm {warm_file.name}]; "
+          f"CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output}; {args.runs} runs per CLI and "
+          f"fleet; re-warm between warm rounds: {args.rewarm}")  # fmt: skip
+    print(f"versions: {versions(project, args.vllm_mlx)}")
     if not warm_file.exists():
         capture(project, warm_file)
     runs: list[Run] = []
@@ -518,7 +538,7 @@ def main() -> int:
                     took = 0.0
                     if where == "cold":
                         took = f.clear(warm=False)
-                    elif cli == "claude" and i:
+                    elif cli == "claude" and i and args.rewarm:
                         # One re-warm per round: the two CLIs' sessions share no prefix.
                         took = f.clear(warm=True)
                     quiet(args.max_load, args.patience)
