@@ -460,7 +460,7 @@ def spread(values: list[float]) -> str:
 def report(runs: list[Run]) -> None:
     print("\nper run:")
     for r in runs:
-        share = f"{r.cached_tokens / r.prompt_tokens:.0%}" if r.prompt_tokens else "-"
+        share = f"{(r.cached_tokens or 0) / r.prompt_tokens:.0%}" if r.prompt_tokens else "-"
         server = f"{r.server_ttft_s:.1f}s" if r.server_ttft_s is not None else "-"
         ttft = f"{r.ttft_ms / 1000:.1f}s" if r.ttft_ms is not None else "-"
         print(
@@ -478,7 +478,7 @@ def report(runs: list[Run]) -> None:
             w = [getattr(r, key) / scale for r in warm if getattr(r, key) is not None]
             ratio = f"{statistics.median(w) / statistics.median(c):.3f}x" if c and w else "-"
             print(f"  {cli:6} {label:12} cold {spread(c)}  warm {spread(w)}  warm/cold {ratio}")
-        shares = [r.cached_tokens / r.prompt_tokens for r in warm if r.prompt_tokens]
+        shares = [(r.cached_tokens or 0) / r.prompt_tokens for r in warm if r.prompt_tokens]
         if shares:
             low, mid, high = min(shares), statistics.median(shares), max(shares)
             print(f"  {cli:6} warm: first prompt cached {mid:.1%} [{low:.1%}-{high:.1%}]")

@@ -17,7 +17,7 @@ import pytest
 
 from support.harmony import GENERATION_PROMPT, TURNS_AFTER, harmony_tokenizer
 from support.scripted import ScriptedModel, scripted_engine, serve
-from warmfleet_common.prompts import reasoning_field
+from warmfleet_common.prompts import PromptBuilder, reasoning_field
 from warmfleet_daemon.api.channels import ChannelSplitter
 from warmfleet_daemon.api.output import Piece, merge
 
@@ -73,6 +73,25 @@ def test_templates_that_read_thinking_get_it_there() -> None:
     qwen3 = "{% if message.reasoning_content %}<think>{{ message.reasoning_content }}"
     assert reasoning_field(qwen3) == "reasoning_content"
     assert reasoning_field("{{ message.content }}") == "reasoning_content"
+
+
+def test_a_call_with_both_text_and_reasoning_renders_them_as_one_analysis() -> None:
+    # gpt-oss's template raises on both (its analysis message is one or the other).
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assistant = {"role": "assistant", "content": "Looking.", "tool_calls": [call]}
+    messages = [
+        {"role": "user", "content": "Go."},
+        {**assistant, "reasoning_content": "Plan."},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    tools = [{"type": "function", "function": WEATHER | {"name": "f"}}]
+    text = PromptBuilder(harmony_tokenizer()).chat(messages, tools).text or ""
+    assert "<|channel|>analysis<|message|>Plan.\n\nLooking.<|end|>" in text
+    # An empty tool_calls list is no call (the template tests the key, then reads [0]).
+    empty = [{"role": "user", "content": "Hi."}, {"role": "assistant", "tool_calls": []}]
+    assert "<|channel|>final<|message|><|end|>" in (
+        PromptBuilder(harmony_tokenizer()).chat([*empty, ASK[0]]).text or ""
+    )
 
 
 @pytest.fixture(scope="module")
