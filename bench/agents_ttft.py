@@ -35,7 +35,10 @@ Claude Code  `ttft_ms` from its JSON result (its first request's time to first t
 Codex        the time from `turn.started` to its first event after it in `codex exec
              --json` (it does not stream text: this includes writing its first message
              or call, at most --max-output-tokens, which Codex 0.171 reads as a full
-             context when it cuts the answer), after which the run is stopped.
+             context when it cuts the answer), after which the run is stopped. Its
+             provider has `stream_idle_timeout_ms = 3600000`: a cold prefill here takes
+             longer than its default 300 s without an SSE event (keep-alive comments do
+             not count), after which it gives up on the stream and sends it again.
 both         the daemons' own TTFT of the first request and its cached share of the
              prompt (gen_ai.server.time_to_first_token and the prefix-cache token
              counters, read from each daemon's /metrics as they are recorded).
@@ -268,6 +271,9 @@ class Project:
             "[model_providers.warmfleet]\n"
             f'name = "warmfleet"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
             'env_key = "WARMFLEET_API_KEY"\n'
+            # A cold prefill here outlasts Codex's 300 s default: keep-alives are SSE
+            # comments, which its idle timer does not count (it retries the request).
+            "stream_idle_timeout_ms = 3600000\n"
         )
         return {
             "PATH": os.environ["PATH"],
@@ -499,6 +505,7 @@ def main() -> int:
     )
     ap.add_argument("--max-load", type=float, default=1.5, help="wait for a quieter machine")
     ap.add_argument("--patience", type=float, default=3600, help="seconds to wait for it")
+    ap.add_argument("--cli", choices=["claude", "codex"], action="append", help="default: both")
     ap.add_argument("--rewarm", action="store_true", help="re-warm before each warm round")
     ap.add_argument("--only", choices=["cold", "warm", "vllm-mlx"], action="append")
     ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX)
@@ -534,11 +541,11 @@ def main() -> int:
                 f.wait_warm()
                 print(f"warm: {f.warm_tokens()} in {time.monotonic() - started:.0f}s")
             for i in range(args.runs):
-                for cli in ("claude", "codex"):
+                for cli in args.cli or ("claude", "codex"):
                     took = 0.0
                     if where == "cold":
                         took = f.clear(warm=False)
-                    elif cli == "claude" and i and args.rewarm:
+                    elif cli == (args.cli or ["claude"])[0] and i and args.rewarm:
                         # One re-warm per round: the two CLIs' sessions share no prefix.
                         took = f.clear(warm=True)
                     quiet(args.max_load, args.patience)
