@@ -186,23 +186,50 @@ class Fleet:
         """Clear every daemon's prefix cache; with a warm set, wait until it is warm
         again. Returns the seconds that took."""
         started = time.monotonic()
+        self.settle()
         for url in self.daemons:
             httpx.delete(f"{url}/v1/cache/prefix", headers=self.auth(), timeout=30)
         if warm:
             self.wait_warm()
         return time.monotonic() - started
 
-    def wait_warm(self, timeout: float = 7200) -> None:
+    def wait_warm(self, timeout: float = 7200, prompts: int = 2) -> None:
+        """Until every daemon holds `prompts` warm prompts warm (the operator pushes the
+        set a few seconds after start: an empty daemon is "warm" before that)."""
         deadline = time.monotonic() + timeout
         for url in self.daemons:
-            while httpx.get(f"{url}/readyz", params={"warm": 1}, timeout=10).status_code != 200:
+            while True:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    body = httpx.get(f"{url}/v1/warm-sets", headers=self.auth(), timeout=10).json()
+                    states = [p["state"] for s in body["sets"] for p in s["prompts"]]
+                    if states.count("warm") >= prompts:
+                        break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{url} not warm in {timeout:.0f} s")
+                time.sleep(5)
+
+    def settle(self, timeout: float = 1800) -> None:
+        """Until no daemon has work in flight: the next-turn prefill a session's answer
+        starts (idle priority) would otherwise store its blocks after a clear."""
+        deadline = time.monotonic() + timeout
+        for url in self.daemons:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    status = httpx.get(f"{url}/v1/status", headers=self.auth(), timeout=10).json()
+                    if not _busy(status):
+                        break
                 time.sleep(2)
 
     def warm_tokens(self) -> dict[str, int]:
         body = httpx.get(f"{self.daemons[0]}/v1/warm-sets", headers=self.auth(), timeout=10).json()
         return {p["name"]: p["tokens"] for s in body["sets"] for p in s["prompts"]}
+
+
+def _busy(status: dict[str, Any]) -> bool:
+    engine = status.get("engine") or {}
+    keys = ("running", "prefilling", "waiting", "idle_waiting")
+    pending = int((status.get("next_turn") or {}).get("pending") or 0)
+    return pending + sum(int(engine.get(k) or 0) for k in keys) > 0
 
 
 @contextlib.contextmanager
