@@ -12,11 +12,15 @@ Set-up, as a user would do it: each CLI is captured once (`warmfleet warm-prompt
 capture`) from the HOME and project directory its sessions then run in, into one
 warm-prompts file. Then, all on the embedded SmolLM2-135M (float32 on a CPU):
 
-cold      `warmfleet up --nodes 2 --model default --max-context 32768`: before each
-          run every daemon's prefix cache is cleared (DELETE /v1/cache/prefix).
-warm      the same with `--warm FILE`, once both daemons hold it warm; before each
-          round the caches are cleared and re-warmed, so a run reads the warm prompt
-          and nothing an earlier session left.
+cold      `warmfleet up --nodes 2 --model default --max-context 32768
+          --max-output-tokens 128`: before each run every daemon's prefix cache is
+          cleared (DELETE /v1/cache/prefix).
+warm      the same with `--warm FILE`, once both daemons hold it warm. With --rewarm the
+          caches are cleared and re-warmed before each round, so a run reads the warm
+          prompt and nothing an earlier session left; without it (the default: a
+          re-warm costs both daemons the cold prefill of both prompts) a later round
+          may also read the part of the first user message before the user's words
+          (Claude Code's ~130-token system-reminder), as a user's second session would.
 vllm-mlx  `vllm-mlx serve DIR --continuous-batching` on `warmfleet convert default
           DIR`: Claude Code's first turn, then `--resume` for a second.
 
@@ -28,10 +32,13 @@ Claude Code  `ttft_ms` from its JSON result (its first request's time to first t
              prompt and `cache_read_input_tokens` (its `--output-format stream-json`
              events). CLAUDE_CODE_MAX_OUTPUT_TOKENS keeps its answers short; a turn
              whose every retry is cut there ends in an error, without `ttft_ms`.
-Codex        the time from `turn.started` to its first item event in `codex exec --json`
-             (it does not stream text: this includes writing its first message or
-             call), after which the run is stopped; Codex 0.171 has no setting for its
-             output length.
+Codex        the time from `turn.started` to its first event after it in `codex exec
+             --json` (it does not stream text: this includes writing its first message
+             or call, at most --max-output-tokens, which Codex 0.171 reads as a full
+             context when it cuts the answer), after which the run is stopped. Its
+             provider has `stream_idle_timeout_ms = 3600000`: a cold prefill here takes
+             longer than its default 300 s without an SSE event (keep-alive comments do
+             not count), after which it gives up on the stream and sends it again.
 both         the daemons' own TTFT of the first request and its cached share of the
              prompt (gen_ai.server.time_to_first_token and the prefix-cache token
              counters, read from each daemon's /metrics as they are recorded).
@@ -179,18 +186,38 @@ class Fleet:
         """Clear every daemon's prefix cache; with a warm set, wait until it is warm
         again. Returns the seconds that took."""
         started = time.monotonic()
+        self.settle()
         for url in self.daemons:
             httpx.delete(f"{url}/v1/cache/prefix", headers=self.auth(), timeout=30)
         if warm:
             self.wait_warm()
         return time.monotonic() - started
 
-    def wait_warm(self, timeout: float = 7200) -> None:
+    def wait_warm(self, timeout: float = 7200, prompts: int = 2) -> None:
+        """Until every daemon holds `prompts` warm prompts warm (the operator pushes the
+        set a few seconds after start: an empty daemon is "warm" before that)."""
         deadline = time.monotonic() + timeout
         for url in self.daemons:
-            while httpx.get(f"{url}/readyz", params={"warm": 1}, timeout=10).status_code != 200:
+            while True:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    body = httpx.get(f"{url}/v1/warm-sets", headers=self.auth(), timeout=10).json()
+                    states = [p["state"] for s in body["sets"] for p in s["prompts"]]
+                    if states.count("warm") >= prompts:
+                        break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{url} not warm in {timeout:.0f} s")
+                time.sleep(5)
+
+    def settle(self, timeout: float = 1800) -> None:
+        """Until no daemon has work in flight: the next-turn prefill a session's answer
+        starts (idle priority) would otherwise store its blocks after a clear."""
+        deadline = time.monotonic() + timeout
+        for url in self.daemons:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    status = httpx.get(f"{url}/v1/status", headers=self.auth(), timeout=10).json()
+                    if not _busy(status):
+                        break
                 time.sleep(2)
 
     def warm_tokens(self) -> dict[str, int]:
@@ -198,13 +225,21 @@ class Fleet:
         return {p["name"]: p["tokens"] for s in body["sets"] for p in s["prompts"]}
 
 
+def _busy(status: dict[str, Any]) -> bool:
+    engine = status.get("engine") or {}
+    keys = ("running", "prefilling", "waiting", "idle_waiting")
+    pending = int((status.get("next_turn") or {}).get("pending") or 0)
+    return pending + sum(int(engine.get(k) or 0) for k in keys) > 0
+
+
 @contextlib.contextmanager
-def fleet(folder: Path, nodes: int, warm: Path | None) -> Iterator[Fleet]:
+def fleet(folder: Path, nodes: int, warm: Path | None, max_output: int) -> Iterator[Fleet]:
     """`warmfleet up` (its output in folder/up.log), once its router and daemons answer."""
     port = free_ports(nodes + 1)
     cmd = [
         str(VENV_BIN / "warmfleet"), "up", "--nodes", str(nodes), "--model", "default",
-        "--max-context", str(CONTEXT), "--port", str(port), "--dir", str(folder),
+        "--max-context", str(CONTEXT), "--max-output-tokens", str(max_output),
+        "--port", str(port), "--dir", str(folder),
     ]  # fmt: skip
     if warm:
         cmd += ["--warm", str(warm)]
@@ -263,6 +298,9 @@ class Project:
             "[model_providers.warmfleet]\n"
             f'name = "warmfleet"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
             'env_key = "WARMFLEET_API_KEY"\n'
+            # A cold prefill here outlasts Codex's 300 s default: keep-alives are SSE
+            # comments, which its idle timer does not count (it retries the request).
+            "stream_idle_timeout_ms = 3600000\n"
         )
         return {
             "PATH": os.environ["PATH"],
@@ -343,13 +381,13 @@ def codex_run(project: Project, url: str, text: str, where: str, daemons: list[s
             now = time.monotonic()
             if event["type"] == "turn.started":
                 turn_started = now
-            elif event["type"].startswith("item.") and turn_started is not None:
+            elif turn_started is not None:
+                # Its first output (an item, or the error of a response cut at the limit).
                 run.ttft_ms = (now - turn_started) * 1000
-                run.extra = {"first_item": event["item"].get("type")}
-                proc.terminate()  # its first output is in; the rest is the model's length
+                run.extra = {"first_event": event["item"]["type"] if "item" in event else event}
+                run.is_error = event["type"] in ("error", "turn.failed")
+                proc.terminate()  # the rest is the model's length, not the first request
                 break
-            elif event["type"] in ("error", "turn.failed"):
-                run.is_error, run.note = True, json.dumps(event)[:300]
         timer.cancel()
         proc.wait()
     run.wall_s = time.monotonic() - started
@@ -428,6 +466,20 @@ def vllm_mlx(binary: Path, model_dir: str, log: Path) -> Iterator[str]:
             proc.wait()
 
 
+def versions(project: Project, vllm_mlx: Path) -> dict[str, str]:
+    out = {}
+    for cli in ("claude", "codex"):
+        done = subprocess.run([str(project.bin(cli)), "--version"], capture_output=True, text=True)
+        out[cli] = done.stdout.strip()
+    python = vllm_mlx.parent / "python"
+    if python.exists():
+        code = "import importlib.metadata as m; print(*(m.version(p) for p in PEERS))"
+        code = code.replace("PEERS", repr(("vllm-mlx", "mlx", "mlx-lm")))
+        shown = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+        out["peer vllm-mlx, mlx, mlx-lm"] = shown.stdout.strip()
+    return out
+
+
 # -- the report --------------------------------------------------------------------------
 
 
@@ -441,7 +493,7 @@ def spread(values: list[float]) -> str:
 def report(runs: list[Run]) -> None:
     print("\nper run:")
     for r in runs:
-        share = f"{r.cached_tokens / r.prompt_tokens:.0%}" if r.prompt_tokens else "-"
+        share = f"{(r.cached_tokens or 0) / r.prompt_tokens:.0%}" if r.prompt_tokens else "-"
         server = f"{r.server_ttft_s:.1f}s" if r.server_ttft_s is not None else "-"
         ttft = f"{r.ttft_ms / 1000:.1f}s" if r.ttft_ms is not None else "-"
         print(
@@ -459,7 +511,7 @@ def report(runs: list[Run]) -> None:
             w = [getattr(r, key) / scale for r in warm if getattr(r, key) is not None]
             ratio = f"{statistics.median(w) / statistics.median(c):.3f}x" if c and w else "-"
             print(f"  {cli:6} {label:12} cold {spread(c)}  warm {spread(w)}  warm/cold {ratio}")
-        shares = [r.cached_tokens / r.prompt_tokens for r in warm if r.prompt_tokens]
+        shares = [(r.cached_tokens or 0) / r.prompt_tokens for r in warm if r.prompt_tokens]
         if shares:
             low, mid, high = min(shares), statistics.median(shares), max(shares)
             print(f"  {cli:6} warm: first prompt cached {mid:.1%} [{low:.1%}-{high:.1%}]")
@@ -472,9 +524,16 @@ def main() -> int:
     ap.add_argument("--agents", type=Path, required=True, help="where the CLIs were npm-installed")
     ap.add_argument("--runs", type=int, default=2, help="runs per CLI, cold and warm")
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--max-output", type=int, default=400, help="CLAUDE_CODE_MAX_OUTPUT_TOKENS")
+    ap.add_argument(
+        "--max-output",
+        type=int,
+        default=128,
+        help="CLAUDE_CODE_MAX_OUTPUT_TOKENS, and the daemons' --max-output-tokens (Codex)",
+    )
     ap.add_argument("--max-load", type=float, default=1.5, help="wait for a quieter machine")
     ap.add_argument("--patience", type=float, default=3600, help="seconds to wait for it")
+    ap.add_argument("--cli", choices=["claude", "codex"], action="append", help="default: both")
+    ap.add_argument("--rewarm", action="store_true", help="re-warm before each warm round")
     ap.add_argument("--only", choices=["cold", "warm", "vllm-mlx"], action="append")
     ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX)
     ap.add_argument("--model-dir", default=None, help="converted model for vllm-mlx")
@@ -491,8 +550,10 @@ def main() -> int:
     warm_file = root / "agents.yaml"
     print(f"work in {root}; {uptime()}")
     print(f"settings: warmfleet up --nodes {args.nodes} --model default --max-context {CONTEXT}"
-          f" [--warm {warm_file.name}]; CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output}; "
-          f"{args.runs} runs per CLI and fleet")  # fmt: skip
+          f" --max-output-tokens {args.max_output} [--warm {warm_file.name}]; "
+          f"CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output}; {args.runs} runs per CLI and "
+          f"fleet; re-warm between warm rounds: {args.rewarm}")  # fmt: skip
+    print(f"versions: {versions(project, args.vllm_mlx)}")
     if not warm_file.exists():
         capture(project, warm_file)
     runs: list[Run] = []
@@ -500,19 +561,18 @@ def main() -> int:
     for where in ("cold", "warm"):
         if where not in parts:
             continue
-        with fleet(
-            root / f"fleet-{where}", args.nodes, warm_file if where == "warm" else None
-        ) as f:
+        warm = warm_file if where == "warm" else None
+        with fleet(root / f"fleet-{where}", args.nodes, warm, args.max_output) as f:
             if where == "warm":
                 started = time.monotonic()
                 f.wait_warm()
                 print(f"warm: {f.warm_tokens()} in {time.monotonic() - started:.0f}s")
             for i in range(args.runs):
-                for cli in ("claude", "codex"):
+                for cli in args.cli or ("claude", "codex"):
                     took = 0.0
                     if where == "cold":
                         took = f.clear(warm=False)
-                    elif cli == "claude" and i:
+                    elif cli == (args.cli or ["claude"])[0] and i and args.rewarm:
                         # One re-warm per round: the two CLIs' sessions share no prefix.
                         took = f.clear(warm=True)
                     quiet(args.max_load, args.patience)

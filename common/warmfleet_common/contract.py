@@ -68,6 +68,10 @@ class ChatMessage(BaseModel):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        # vLLM's field for an assistant's reasoning passed back (what thinking templates read)
+        reasoning = (self.model_extra or {}).get("reasoning_content")
+        if self.role == "assistant" and isinstance(reasoning, str) and reasoning:
+            out["reasoning_content"] = reasoning
         return out
 
     def text_length(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -92,6 +93,7 @@ class PromptBuilder:
         template = getattr(tokenizer, "chat_template", None)
         self.has_chat_template = bool(template)
         self.template_handles_tools = bool(template) and "tools" in str(template)
+        self.reasoning_field = reasoning_field(str(template or ""))
         self._content_starts: OrderedDict[bytes, tuple[int, bytes] | None] = OrderedDict()
         self._memo_lock = threading.Lock()  # prompts are built on several threads
 
@@ -263,6 +265,8 @@ class PromptBuilder:
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[Sequence[Message], Sequence[Mapping[str, Any]] | None]:
         messages = tool_history(messages, self.template_handles_tools)
+        if self.reasoning_field == "thinking":
+            messages = [_with_thinking(m) for m in messages]
         # Keys sorted: a tool list read back from Kubernetes (a WarmPromptSet: the API
         # server sorts object keys) renders exactly as the client's own order does.
         tools = [_sorted_keys(t) for t in tools] if tools else tools
@@ -314,6 +318,40 @@ class PromptBuilder:
             if len(self._content_starts) > _MEMO_SIZE:
                 self._content_starts.popitem(last=False)
         return cut
+
+
+_READS_THINKING = re.compile(
+    r"""message\.thinking|message\[['"]thinking['"]\]|['"]thinking['"] in message"""
+)
+
+
+def reasoning_field(template: str) -> str:
+    """The assistant-message field a chat template reads passed-back reasoning from:
+    `thinking` for gpt-oss's, `reasoning_content` (vLLM's name) for Qwen3's,
+    DeepSeek-R1's and most others."""
+    if "reasoning_content" not in template and _READS_THINKING.search(template):
+        return "thinking"
+    return "reasoning_content"
+
+
+def _with_thinking(message: Message) -> Message:
+    """An assistant message as gpt-oss's template takes it: the reasoning in `thinking`,
+    a string content, no empty `tool_calls` (it tests the key, then reads the first
+    call), and with a call, one of content or thinking (it raises on both: its analysis
+    message is one or the other; they are joined, so nothing is lost)."""
+    if message.get("role") != "assistant":
+        return message
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    if "tool_calls" in out and not out["tool_calls"]:
+        del out["tool_calls"]
+    content = out.get("content") or ""
+    out["content"] = content
+    thinking = message.get("reasoning_content")
+    if thinking:
+        out["thinking"] = thinking
+        if out.get("tool_calls") and content:
+            out["thinking"], out["content"] = f"{thinking}\n\n{content}", ""
+    return out
 
 
 def _sorted_keys(value: Any) -> Any:

@@ -8,7 +8,11 @@ set), which is what a grammar mask chooses from when it forbids the scripted tok
 
 A list of scripts is one per assistant turn: the n-th assistant turn of the history
 (counted by its `<|im_start|>assistant` headers) says `scripts[n]` (the last one from
-there on), e.g. a tool call first and then text once the tool's result is in. Every
+there on), e.g. a tool call first and then text once the tool's result is in. For
+templates whose replies start messages of their own with the generation prompt
+(harmony's `<|start|>assistant`), `turns_after` names what opens a user message or a
+tool result: the reply starts at the first generation prompt after the last of them,
+and the n-th of them is answered by `scripts[n - 1]`. Every
 prompt the model is asked to continue is kept in `prompts` (token ids): what the
 daemon made of each request.
 """
@@ -38,9 +42,15 @@ class ScriptedModel:
         tokenizer: Any,
         script: str | Sequence[str],
         fallback: dict[str, float] | None = None,
+        *,
+        marker: str = "<|im_start|>assistant\n",
+        turns_after: Sequence[str] = (),
     ):
         self.vocab_size = len(tokenizer)
-        self.marker = tuple(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
+        self.marker = tuple(tokenizer.encode(marker, add_special_tokens=False))
+        self.turns_after = [
+            tuple(tokenizer.encode(t, add_special_tokens=False)) for t in turns_after
+        ]
         self.eos = min(tokenizer.eos_token_ids)
         turns = [script] if isinstance(script, str) else list(script)
         self.scripts = [list(tokenizer.encode(t, add_special_tokens=False)) for t in turns]
@@ -59,13 +69,17 @@ class ScriptedModel:
 
     def next_token(self, history: list[int]) -> int:
         m = len(self.marker)
-        starts = [
-            i for i in range(len(history) - m + 1) if tuple(history[i : i + m]) == self.marker
-        ]
+        starts = _found(history, self.marker)
+        turn = len(starts) - 1
+        if self.turns_after:
+            opened = sorted(i + len(t) for t in self.turns_after for i in _found(history, t))
+            after = opened[-1] if opened else 0
+            starts = [i for i in starts if i >= after][:1]
+            turn = len(opened) - 1
         k = len(history) - (starts[-1] + m) if starts else 0
         if k == 0 and starts:
             self.prompts.append(history)
-        script = self.scripts[min(max(len(starts) - 1, 0), len(self.scripts) - 1)]
+        script = self.scripts[min(max(turn, 0), len(self.scripts) - 1)]
         return script[k] if k < len(script) else self.eos
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
@@ -76,6 +90,11 @@ class ScriptedModel:
         history = [int(t) for t in keys[0, 0, :, 0].tolist()]
         row = self._fallback + 20.0 * (mx.arange(self.vocab_size) == self.next_token(history))
         return mx.broadcast_to(row, (1, length, self.vocab_size))
+
+
+def _found(history: list[int], sequence: tuple[int, ...]) -> list[int]:
+    n = len(sequence)
+    return [i for i in range(len(history) - n + 1) if tuple(history[i : i + n]) == sequence]
 
 
 def scripted_engine(tokenizer: Any, script: str | Sequence[str], **kw: Any) -> Engine:

@@ -13,7 +13,7 @@ from typing import Any
 
 from warmfleet_common.errors import anthropic_error_body, anthropic_type
 from warmfleet_daemon.api import generation as gen
-from warmfleet_daemon.api.output import OutputSplitter, Piece, merge
+from warmfleet_daemon.api.output import Piece, Splitter, merge
 from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, Usage
 
@@ -207,7 +207,7 @@ async def stream(
         "usage": {**estimated_usage(ready, request), "output_tokens": 0},
     }
     yield sse("message_start", {"type": "message_start", "message": start})
-    splitter: OutputSplitter = request.splitter(ready)
+    splitter: Splitter = request.splitter(ready)
     blocks = _Blocks(request.options.thinking_shown)
     generated: list[int] = []
     final: Event | None = None

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from warmfleet_daemon.api.generation import Collected
-from warmfleet_daemon.api.output import OutputSplitter, Piece
+from warmfleet_daemon.api.output import Piece, Splitter
 from warmfleet_daemon.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -22,7 +22,7 @@ from warmfleet_daemon.engine.core import Event
 from warmfleet_daemon.engine.processors import TokenLogprob
 
 TokenBytes = Callable[[int], bytes]
-ParserFactory = Callable[[], OutputSplitter]
+ParserFactory = Callable[[], Splitter]
 Renderer = Callable[[Event], list[dict[str, Any]]]
 # Finish reasons of an answer the client will send back on its next turn.
 ANSWERED = frozenset({"stop", "length"})
@@ -78,7 +78,7 @@ def completion_logprobs(
 def chat_choice(
     index: int,
     collected: Collected,
-    splitter: OutputSplitter,
+    splitter: Splitter,
     token_bytes: TokenBytes | None,
 ) -> ChatChoice:
     reasoning, content, calls = _parts([*splitter.feed(collected.text), *splitter.finish()])
@@ -107,12 +107,11 @@ def completion_choice(
 
 
 def chat_deltas(
-    index: int, splitter: OutputSplitter, token_bytes: TokenBytes | None
+    index: int, splitter: Splitter, token_bytes: TokenBytes | None
 ) -> Callable[[Event], list[dict[str, Any]]]:
     """Choice `index`'s stream: reasoning and content deltas as the text comes (held
     back only while it may be the start of a marker or a tool call), a `tool_calls`
     delta per parsed call, and the finish reason (`tool_calls` when there were calls)."""
-    parser = splitter.tools
 
     def render(event: Event) -> list[dict[str, Any]]:
         pieces = splitter.feed(event.text)
@@ -126,7 +125,7 @@ def chat_deltas(
         if content:
             delta["content"] = content
         if calls:
-            first = (parser.calls if parser else 0) - len(calls)
+            first = splitter.calls - len(calls)
             delta["tool_calls"] = [{"index": first + i, **c} for i, c in enumerate(calls)]
         logprobs = (
             chat_logprobs(list(event.logprobs), token_bytes).model_dump()
@@ -138,7 +137,7 @@ def chat_deltas(
                 {"index": index, "delta": delta, "finish_reason": None, "logprobs": logprobs}
             )
         if event.finish_reason is not None:
-            reason = _finish_reason(event.finish_reason, parser.calls if parser else 0)
+            reason = _finish_reason(event.finish_reason, splitter.calls)
             out.append({"index": index, "delta": {}, "finish_reason": reason, "logprobs": None})
         return out
 

@@ -3,6 +3,7 @@ call or for `response_format`, and stop strings from the tool settings."""
 
 from __future__ import annotations
 
+from warmfleet_daemon.api.channels import writes_channels
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.schemas import ChatCompletionRequest, NamedToolChoice
 from warmfleet_daemon.api.tool_calls import forced_call_grammar, tool_format
@@ -39,6 +40,13 @@ def output_constraints(
                 400,
                 "response_format cannot be combined with a forced tool call (tool_choice)",
                 param="response_format",
+            )
+        if writes_channels(ready.model.tokenizer):
+            raise APIError(
+                400,
+                "this model writes its tool calls in harmony channels, which cannot be "
+                'forced; use tool_choice "auto"',
+                param="tool_choice",
             )
         if not fmt.json_calls:
             raise APIError(

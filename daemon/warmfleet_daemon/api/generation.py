@@ -21,10 +21,12 @@ from starlette.concurrency import run_in_threadpool
 from warmfleet_common.agent_apis.chat import TOOLS, TTL_SECONDS, ChatOptions, ChatPrompt
 from warmfleet_common.contract import ToolDefinition
 from warmfleet_common.prompts import PromptError, PromptTooLong, RenderedPrompt
+from warmfleet_daemon.api.channels import ChannelSplitter, writes_channels
 from warmfleet_daemon.api.constraints import output_constraints
 from warmfleet_daemon.api.errors import APIError, error_body
 from warmfleet_daemon.api.output import (
     OutputSplitter,
+    Splitter,
     ThinkingMarkers,
     starts_thinking,
     thinking_markers,
@@ -386,13 +388,23 @@ class AgentRequest:
     markers: ThinkingMarkers | None
     client_stops: tuple[str, ...] = ()  # the client's own stop sequences
 
-    def splitter(self, ready: Ready) -> OutputSplitter:
-        tools = None
-        if self.chat.tools and self.options.tool_choice != "none":
-            tools = ToolCallParser(tool_format(ready.model.tokenizer), self.chat.tools)
-        return OutputSplitter(
-            self.markers, tools, thinking_first=starts_thinking(self.markers, self.prompt.text)
+    def splitter(self, ready: Ready) -> Splitter:
+        parse = bool(self.chat.tools) and self.options.tool_choice != "none"
+        return output_splitter(
+            ready.model.tokenizer, self.chat.tools if parse else None, self.prompt.text
         )
+
+
+def output_splitter(
+    tokenizer: Any, tools: list[dict[str, Any]] | None, prompt_text: str | None
+) -> Splitter:
+    """How this model's output is read: harmony channels, or its thinking markers and
+    its family's tool-call format. `tools` None: calls are not parsed (tool_choice none)."""
+    if writes_channels(tokenizer):
+        return ChannelSplitter(parse_calls=tools is not None)
+    markers = thinking_markers(tokenizer)
+    parser = ToolCallParser(tool_format(tokenizer), tools) if tools is not None else None
+    return OutputSplitter(markers, parser, thinking_first=starts_thinking(markers, prompt_text))
 
 
 async def render_agent_prompt(

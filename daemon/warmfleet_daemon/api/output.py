@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from mlx_lm.generate import TextStateMachine
 
@@ -53,6 +53,20 @@ def starts_thinking(markers: ThinkingMarkers | None, prompt_text: str | None) ->
     return prompt_text.rfind(markers.start) > prompt_text.rfind(markers.end)
 
 
+class Splitter(Protocol):
+    """Reads a response's text as it comes into pieces: `OutputSplitter` (thinking
+    markers, the family's tool-call format) or `channels.ChannelSplitter` (harmony)."""
+
+    @property
+    def calls(self) -> int:
+        """Tool calls given so far."""
+        ...
+
+    def feed(self, text: str) -> list[Piece]: ...
+
+    def finish(self) -> list[Piece]: ...
+
+
 @dataclass
 class OutputSplitter:
     """Feed it the response's text as it comes; it gives back pieces that are safe to
@@ -70,6 +84,10 @@ class OutputSplitter:
             transitions["thinking"].append((self.markers.end, "normal"))
         machine = TextStateMachine(transitions)
         self._state = machine.make_state("thinking" if self.thinking_first else "normal")
+
+    @property
+    def calls(self) -> int:
+        return self.tools.calls if self.tools is not None else 0
 
     def feed(self, text: str) -> list[Piece]:
         self._state, segments = TextStateMachine.split(self._state, text)

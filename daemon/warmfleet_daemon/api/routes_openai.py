@@ -12,7 +12,7 @@ from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.constraints import tool_choice
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
-from warmfleet_daemon.api.output import OutputSplitter, starts_thinking, thinking_markers
+from warmfleet_daemon.api.output import Splitter
 from warmfleet_daemon.api.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -21,7 +21,6 @@ from warmfleet_daemon.api.schemas import (
     ModelCard,
     ModelList,
 )
-from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
 from warmfleet_daemon.engine.core import Event
 
 router = APIRouter(prefix="/v1", responses=errors(503))
@@ -40,16 +39,11 @@ async def chat_completions(
     requests = gen.copies(request, body.n)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
     token_bytes = await _token_bytes(ready, bool(body.logprobs))
-    parse_tools = tool_choice(body) != "none"
-    fmt = tool_format(ready.model.tokenizer)
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    parsed = tools if tool_choice(body) != "none" else None
 
-    markers = thinking_markers(ready.model.tokenizer)
-    thinking_first = starts_thinking(markers, request.prompt.text)
-
-    def parser() -> OutputSplitter:
-        tool_parser = ToolCallParser(fmt, tools) if parse_tools else None
-        return OutputSplitter(markers, tool_parser, thinking_first=thinking_first)
+    def parser() -> Splitter:
+        return gen.output_splitter(ready.model.tokenizer, parsed, request.prompt.text)
 
     def deltas(i: int) -> choices.Renderer:
         render = choices.chat_deltas(i, parser(), token_bytes)

@@ -78,7 +78,7 @@ def _own_document(parameters: dict[str, Any], index: int) -> dict[str, Any]:
     return {"$id": f"urn:warmfleet:tool-parameters:{index}", **parameters}
 
 
-def _call_id() -> str:
+def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
@@ -143,7 +143,7 @@ class ToolCallParser:
             arguments = call.get("arguments", {})
             out.append(
                 {
-                    "id": call.get("id") or _call_id(),
+                    "id": call.get("id") or new_call_id(),
                     "type": "function",
                     "function": {
                         "name": call["name"],
