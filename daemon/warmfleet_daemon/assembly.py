@@ -113,6 +113,8 @@ class DaemonState:
             peer_deadline_s=settings.warm_from_deadline_s,
             cache_dir=settings.resolved_cache_dir(),
             cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
+            spill=settings.spill,
+            spill_deadline_s=settings.spill_deadline_s,
         )
         if transfer.disk is not None:  # the disk tier's blocks are events too (tier "disk")
             transfer.disk.listeners.append(

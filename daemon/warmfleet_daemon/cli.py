@@ -136,6 +136,26 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "then the rest is prefilled (default 120)",
     )
     p.add_argument(
+        "--spill",
+        choices=["auto", "always", "off"],
+        help="a request the router sent here naming the daemon that holds its blocks: copy "
+        "them from it when estimated faster than prefill (auto, the default), always, or never",
+    )
+    p.add_argument(
+        "--spill-deadline",
+        type=float,
+        metavar="S",
+        dest="spill_deadline_s",
+        help="the longest one spill copy may take, then the rest is prefilled (default 30)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        metavar="S",
+        help="on SIGTERM, answer /readyz 'draining' and keep serving this long so the router "
+        "moves this daemon's sessions to others (default 10; 0: stop at once)",
+    )
+    p.add_argument(
         "--max-state-mb", type=int, metavar="N", help="bound on the state file (default 64)"
     )
     p.add_argument(

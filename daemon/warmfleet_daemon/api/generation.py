@@ -38,6 +38,7 @@ from warmfleet_daemon.api.schemas import (
     ResponseFormat,
     UsageInfo,
 )
+from warmfleet_daemon.api.spill import current_peer
 from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
 from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
@@ -229,7 +230,11 @@ async def choice_events(
     Closing the iterator early cancels the requests still running."""
     queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
+    peer = current_peer()  # the router's spill: copy the blocks this daemon lacks from it
+
     async def pump(index: int, request: GenerationRequest) -> None:
+        if peer is not None and request.peer is None:
+            request = replace(request, peer=peer)
         try:
             async for event in ready.engine.generate(request):
                 queue.put_nowait((index, event))

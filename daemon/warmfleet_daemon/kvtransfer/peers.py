@@ -39,6 +39,10 @@ class PeerLimit(Exception):
     """A response over its byte cap, or the copy past its deadline."""
 
 
+class DeadlinePassed(PeerLimit):
+    pass
+
+
 class PeerClient:
     def __init__(self, codec: BlockCodec, *, token: str | None, timeout_s: float = 30.0) -> None:
         self.codec = codec
@@ -48,11 +52,18 @@ class PeerClient:
         self.timeout_s = timeout_s
 
     def fetch(
-        self, url: str, prompt: RenderedPrompt, chunks: list[Chunk], start: int, deadline: float
+        self,
+        url: str,
+        prompt: RenderedPrompt,
+        chunks: list[Chunk],
+        start: int,
+        deadline: float,
+        *,
+        deadline_name: str = "the warm-up's deadline (--warm-from-deadline)",
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """Verified payloads of `chunks[start:]`, in order, as far as the peer has them,
-        until `deadline` (time.monotonic()). Errors are logged (one line) and end the
-        iteration."""
+        until `deadline` (time.monotonic(); `deadline_name` in the log). Errors are
+        logged (one line) and end the iteration."""
         try:
             with httpx.Client(base_url=url, headers=self.headers) as http:
                 info = self._info(http, url, deadline)
@@ -77,6 +88,8 @@ class PeerClient:
                         index += 1
                     if got < len(batch):  # the peer does not have the rest
                         return
+        except DeadlinePassed:
+            _abandoned(url, _past(deadline, deadline_name))
         except PeerLimit as exc:
             _abandoned(url, str(exc))
         except (
@@ -89,14 +102,16 @@ class PeerClient:
             OverflowError,  # e.g. "block_size": Infinity
         ) as exc:
             if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
-                _abandoned(url, _past(deadline))  # the read's timeout was cut to the deadline
+                _abandoned(
+                    url, _past(deadline, deadline_name)
+                )  # the read's timeout was cut to the deadline
             else:
                 log.warning("copying blocks from peer %s stopped: %s", url, exc)
 
     def _timeout(self, deadline: float) -> httpx.Timeout:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise PeerLimit(_past(deadline))
+            raise DeadlinePassed()
         return httpx.Timeout(min(self.timeout_s, left), connect=min(5.0, left))
 
     def _info(self, http: httpx.Client, url: str, deadline: float) -> dict[str, Any] | None:
@@ -149,9 +164,9 @@ def _abandoned(url: str, why: str) -> None:
     log.warning("copying blocks from peer %s abandoned (the rest is prefilled): %s", url, why)
 
 
-def _past(deadline: float) -> str:
+def _past(deadline: float, name: str) -> str:
     late = time.monotonic() - deadline
-    return f"the warm-up's deadline (--warm-from-deadline) passed {late:.1f}s ago"
+    return f"{name} passed {late:.1f}s ago"
 
 
 def _capped(r: httpx.Response, cap: int, deadline: float, what: str) -> Iterator[bytes]:
@@ -162,7 +177,7 @@ def _capped(r: httpx.Response, cap: int, deadline: float, what: str) -> Iterator
         if received > cap:
             raise PeerLimit(f"{what} sent more than {cap} bytes")
         if time.monotonic() > deadline:
-            raise PeerLimit(_past(deadline))
+            raise DeadlinePassed()
         yield piece
 
 

@@ -1,11 +1,12 @@
-"""What the daemon holds for warm-without-prefill: the fingerprint and codec, the
-snapshot store (with `--state-dir`), the peer client and the restorer."""
+"""What the daemon holds for warm-without-prefill and spill: the fingerprint and codec,
+the snapshot store (with `--state-dir`), the disk tier, the peer client, the restorer and
+the spill copies."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
+from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillCosts, SpillMode
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ class KVTransfer:
         peer_deadline_s: float = 120.0,
         cache_dir: str | Path | None = None,
         cache_disk_budget_bytes: int = 0,
+        spill: SpillMode = "auto",
+        spill_deadline_s: float = 30.0,
+        costs: Callable[[], SpillCosts | None] = lambda: None,
     ) -> None:
         """Call before the engine thread starts (it probes the model). With `cache_dir`,
         every block also goes to the disk tier there, and the engine reads it back."""
@@ -54,6 +59,10 @@ class KVTransfer:
         )
         engine.tier = self.disk
         self.peers = PeerClient(self.codec, token=peer_token)
+        self.spill = PeerSpill(
+            self.peers, engine.cache, costs, mode=spill, deadline_s=spill_deadline_s
+        )
+        engine.peers = self.spill
         self.restorer = BlockRestorer(
             engine,
             snapshots=self.snapshots,
@@ -83,6 +92,7 @@ class KVTransfer:
             "restored_tokens": self.restorer.restored_tokens,
             "default_peers": self.restorer.default_peers,
             "snapshots": vars(self.snapshots.stats()) if self.snapshots else None,
+            "spill": vars(self.spill.stats()),
         }
 
     def stop(self) -> None:
@@ -93,6 +103,7 @@ class KVTransfer:
                 )
             self.disk.stop()
         self.restorer.stop()
+        self.spill.stop()
         if self.snapshots is not None:
             self.snapshots.stop()
 
