@@ -73,6 +73,8 @@ class DaemonState:
     started_at: float = field(default_factory=time.time)
     # New on every start: lets the operator tell a restarted daemon (sets lost) at once.
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Set by a SIGTERM (drain.py): when the daemon stops; until then it still serves.
+    draining_until: float | None = None
     _thread: threading.Thread | None = None
 
     def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
@@ -155,6 +157,7 @@ class DaemonState:
         telemetry.observe_warm_sets(warm)
         if transfer.disk is not None:
             telemetry.observe_disk_tier(transfer.disk)
+        telemetry.observe_spill(transfer.spill)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()

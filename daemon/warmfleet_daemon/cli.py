@@ -180,6 +180,7 @@ def serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.drain import DrainingServer
     from warmfleet_daemon.kvtransfer.snapshots import check_directory as check_snapshot_directory
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.node.cli import register_if_asked
@@ -245,13 +246,15 @@ def serve(args: argparse.Namespace) -> int:
     # Python's default 5 ms the event loop and other threads kept it waiting (c=8 decode
     # over HTTP: 91-98 tok/s at 5 ms, 113-117 at 0.2 ms, docs/PERFORMANCE.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
+    DrainingServer(config, app.state.daemon, settings.drain_seconds).run()
     return 0
 
 

@@ -114,9 +114,7 @@ def openai_output(event: Mapping[str, Any]) -> bool:
 def anthropic_prompt(body: Mapping[str, Any]) -> Prompt | None:
     """An Anthropic Messages request as the daemon renders it (system blocks, tools,
     tool results, the thinking switch: `agent_apis.anthropic.to_chat`)."""
-    request = (MessagesRequest if "max_tokens" in body else CountTokensRequest).model_validate(
-        body
-    )
+    request = (MessagesRequest if "max_tokens" in body else CountTokensRequest).model_validate(body)
     chat = request.chat()
     return ChatPrompt(chat.messages, chat.tools, chat.template_kwargs(request.options()))
 

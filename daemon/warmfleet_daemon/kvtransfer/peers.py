@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -64,22 +64,54 @@ class PeerClient:
         """Verified payloads of `chunks[start:]`, in order, as far as the peer has them,
         until `deadline` (time.monotonic(); `deadline_name` in the log). Errors are
         logged (one line) and end the iteration."""
+
+        def theirs(info: dict[str, Any]) -> list[Chunk] | None:
+            planned = plan_chunks(
+                prompt.tokens,
+                block_size=int(info["block_size"]),
+                cuts=prompt.cuts,
+                root=bytes.fromhex(info["root"]),
+            )
+            if [(c.start, c.end) for c in planned] != [(c.start, c.end) for c in chunks]:
+                log.warning("peer %s plans this prompt differently; not copying", url)
+                return None
+            return planned
+
+        yield from self._copy(url, theirs, start, deadline, deadline_name)
+
+    def fetch_chain(
+        self, url: str, root: bytes, chunks: list[Chunk], deadline: float, deadline_name: str
+    ) -> Iterator[tuple[int, kv.BlockPayload]]:
+        """As `fetch`, for a chain of blocks named by key (a drain handoff: the router
+        knows the keys, not the tokens); only from a peer with the same key root."""
+
+        def same_root(info: dict[str, Any]) -> list[Chunk] | None:
+            if info.get("root") != root.hex():
+                log.warning("peer %s keys its blocks under another root; not copying", url)
+                return None
+            return chunks
+
+        yield from self._copy(url, same_root, 0, deadline, deadline_name)
+
+    def _copy(
+        self,
+        url: str,
+        plan: Callable[[dict[str, Any]], list[Chunk] | None],
+        start: int,
+        deadline: float,
+        deadline_name: str,
+    ) -> Iterator[tuple[int, kv.BlockPayload]]:
+        """Verified payloads of `plan(peer info)[start:]`, in order; errors logged."""
         try:
             with httpx.Client(base_url=url, headers=self.headers) as http:
                 info = self._info(http, url, deadline)
                 if info is None:
                     return
-                theirs = plan_chunks(
-                    prompt.tokens,
-                    block_size=int(info["block_size"]),
-                    cuts=prompt.cuts,
-                    root=bytes.fromhex(info["root"]),
-                )
-                if [(c.start, c.end) for c in theirs] != [(c.start, c.end) for c in chunks]:
-                    log.warning("peer %s plans this prompt differently; not copying", url)
+                theirs = plan(info)
+                if theirs is None:
                     return
                 index = start
-                while index < len(chunks):
+                while index < len(theirs):
                     batch = theirs[index : index + BATCH]
                     got = 0
                     for data in self._stream(http, batch, deadline):
@@ -102,9 +134,8 @@ class PeerClient:
             OverflowError,  # e.g. "block_size": Infinity
         ) as exc:
             if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
-                _abandoned(
-                    url, _past(deadline, deadline_name)
-                )  # the read's timeout was cut to the deadline
+                # the read's timeout was cut to the deadline
+                _abandoned(url, _past(deadline, deadline_name))
             else:
                 log.warning("copying blocks from peer %s stopped: %s", url, exc)
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from warmfleet_common.chunking import BlockKey
+from warmfleet_common.chunking import BlockKey, Chunk
+from warmfleet_common.wire import CachePullResult
 from warmfleet_daemon.engine.core import Engine, wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
@@ -19,6 +21,7 @@ from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
 from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillCosts, SpillMode
+from warmfleet_daemon.prefix_cache import InsertOutcome
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,53 @@ class KVTransfer:
     def sync_snapshots(self, wanted: Iterable[BlockKey], warm: Iterable[list[BlockKey]]) -> None:
         if self.snapshots is not None:
             self.snapshots.sync(set(wanted), list(warm), self.engine.cache.peek)
+
+    def pull(self, peer: str, chunks: list[Chunk], deadline_s: float) -> CachePullResult:
+        """Copy the chain `chunks` (a session's blocks, by key) from `peer` into the
+        cache, from its first block this daemon lacks; within `deadline_s` (a drain
+        handoff: the peer is leaving)."""
+        started = time.monotonic()
+        cache = self.engine.cache
+        first = next((i for i, c in enumerate(chunks) if c.key not in cache), len(chunks))
+        copied = tokens = nbytes = 0
+        parent = chunks[first - 1].key if first else None
+        if first < len(chunks):
+            fetched = self.peers.fetch_chain(
+                peer,
+                self.engine.root,
+                chunks[first:],
+                started + deadline_s,
+                "the handoff's deadline",
+            )
+            for index, payload in fetched:
+                chunk = chunks[first + index]
+                kept = cache.insert(chunk, parent, payload, payload.nbytes)
+                held = kept in (InsertOutcome.STORED, InsertOutcome.PRESENT) or (
+                    self.disk is not None and self.disk.store(chunk, parent, payload)
+                )
+                if not held:
+                    break  # neither RAM nor disk takes it: the rest would hang off nothing
+                copied, tokens, nbytes = copied + 1, tokens + chunk.size, nbytes + payload.nbytes
+                parent = chunk.key
+        seconds = time.monotonic() - started
+        log.info(
+            "pulled %d of %d block(s) (%d tokens, %.1f MiB) from %s in %.2fs; %d held already",
+            copied,
+            len(chunks) - first,
+            tokens,
+            nbytes / (1 << 20),
+            peer,
+            seconds,
+            first,
+        )
+        return CachePullResult(
+            present_blocks=first,
+            copied_blocks=copied,
+            copied_tokens=tokens,
+            copied_bytes=nbytes,
+            seconds=seconds,
+            complete=first + copied == len(chunks),
+        )
 
     def status(self) -> dict[str, Any]:
         return {

@@ -121,3 +121,26 @@ def test_the_estimate() -> None:
     fast = copy_is_faster(4096, 32, costs, 50e6, 0.005)
     assert fast.faster and fast.copy_s == pytest.approx(0.005 * 3 + 4096 * 92160 / 50e6 + 0.08192)
     assert not copy_is_faster(4096, 32, costs, 10e6, 0.005).faster  # a slow link: prefill
+
+
+def test_a_pulled_chain_serves_the_session_as_from_scratch(warm_peer, tiny, make_engine) -> None:
+    """A drain handoff: the chain of a session's blocks, named by key, copied ahead of
+    its next request; a second pull finds them held and copies nothing."""
+    peer = Peer(warm_peer)
+    engine = make_engine(tiny, block_size=BLOCK)
+    transfer = KVTransfer(engine)
+    prefix, full = prompts()
+    chunks = engine.plan(prefix)
+    result = transfer.pull(peer.url, chunks, 10.0)
+    assert (result.copied_blocks, result.copied_tokens, result.complete) == (len(chunks), 90, True)
+    assert transfer.pull(peer.url, chunks, 10.0).present_blocks == len(chunks)
+    tokens, usage = spilled(engine, full, "unused:nothing is missing")
+    assert usage.cached_tokens == 90 and usage.peer_tokens == 0
+    assert tokens == from_scratch(engine, full)
+    cut = Peer(warm_peer, cut_after=3)
+    engine.clear_prefix_cache()
+    partial = transfer.pull(cut.url, chunks, 10.0)
+    assert (partial.copied_blocks, partial.complete) == (3, False)
+    peer.close()
+    cut.close()
+    transfer.stop()
