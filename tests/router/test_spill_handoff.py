@@ -3,13 +3,15 @@ a daemon honours a spill peer only when the router signed it (a client's header 
 refused, and the router drops it); when one daemon drains (SIGTERM), the router hands
 its most recent session to the other (`POST /v1/cache/pull`), and a session it did not
 hand off is spilled: the other daemon copies its blocks from the draining one (tier
-`peer` in its metrics) instead of prefilling them; the draining daemon stops on time."""
+`peer` in its metrics) instead of prefilling them; the draining daemon stops on time. A
+backend whose WarmNode is deleted hands its sessions off the same way, then is gone."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.processes import Daemon, start_daemon, start_router
+from support.processes import Daemon, serving, start_daemon, start_router
 from warmfleet_common.spill import PEER_HEADER, PEER_SIGNATURE_HEADER, peer_signature
+from warmfleet_router.app import create_app
+from warmfleet_router.backend import BackendSpec
+from warmfleet_router.fleet import RouterOptions
+from warmfleet_router.sync import SyncOptions
 
 TOKEN = "spill-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -32,14 +38,9 @@ def history(topic: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def daemons() -> Iterator[list[Daemon]]:
-    started = [
-        start_daemon(
-            "--model", "tiny-random", "--block-size", "32", "--spill", "always",
-            "--drain-seconds", str(DRAIN_S),
-            env={"WARMFLEET_ADMIN_TOKEN": TOKEN},
-        )  # fmt: skip
-        for _ in range(2)
-    ]
+    args = ["--model", "tiny-random", "--block-size", "32", "--spill", "always"]
+    args += ["--drain-seconds", str(DRAIN_S)]
+    started = [start_daemon(*args, env={"WARMFLEET_ADMIN_TOKEN": TOKEN}) for _ in range(2)]
     yield started
     for d in started:
         d.stop()
@@ -99,6 +100,49 @@ def test_a_daemon_honours_only_a_peer_the_router_signed(daemons: list[Daemon]) -
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_peer"
     signed = {PEER_HEADER: b.url, PEER_SIGNATURE_HEADER: peer_signature(TOKEN, b.url)}
     assert chat(a.url, messages, **signed).status_code == 200
+
+
+class Nodes:
+    """A backend source the test changes (a WarmNode deleted), read every 0.1 s."""
+
+    def __init__(self, specs: list[BackendSpec]) -> None:
+        self.current = specs
+
+    async def specs(self) -> list[BackendSpec]:
+        return list(self.current)
+
+    async def changes(self) -> AsyncIterator[list[BackendSpec]]:
+        last: list[BackendSpec] | None = None
+        while True:
+            if self.current != last:
+                last = list(self.current)
+                yield last
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_deleted_backends_sessions_move_with_their_blocks(daemons: list[Daemon]) -> None:
+    specs = [BackendSpec(d.url.removeprefix("http://"), d.url, TOKEN) for d in daemons]
+    nodes = Nodes(specs)
+    options = RouterOptions(
+        admin_token=TOKEN, handoff_sessions=4, sync=SyncOptions(health_interval=0.3)
+    )
+    with serving(create_app(nodes, options)) as url:
+        r = Daemon(url, None, "")  # type: ignore[arg-type]
+        wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+        first = chat(url, history("trains"), **{"x-session-affinity": "d-0"})
+        holder = first.headers["x-warmfleet-backend"]
+        nodes.current = [s for s in specs if s.name != holder]  # its WarmNode is deleted
+        wait_for(lambda: len(status(r)["backends"]) == 1, 15)  # after the handoff
+        (handoff,) = status(r)["handoffs"]
+        (moved,) = handoff["sessions"]
+        assert handoff["backend"] == holder and moved["outcome"] == "copied", handoff
+        turn = chat(url, history("trains"), **{"x-session-affinity": "d-0"})
+        assert turn.headers["x-warmfleet-backend"] == nodes.current[0].name
+        cached = turn.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= moved["copied_tokens"] > 0
 
 
 def test_a_draining_daemons_sessions_are_handed_off_or_spilled(
