@@ -21,10 +21,27 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 
+class TierCosts(BaseModel):
+    """What a prompt token costs this daemon, measured at start on its own hardware."""
+
+    prefill_us_per_token: float = Field(
+        ge=0, description="computing its KV in a prefill chunk of block_size tokens"
+    )
+    ram_restore_us_per_token: float = Field(
+        ge=0, description="copying its cached KV from RAM into a sequence"
+    )
+    disk_read_us_per_token: float | None = Field(
+        ge=0, description="reading it from the disk tier (None: no disk tier)"
+    )
+    kv_bytes_per_token: int = Field(
+        ge=1, description="bytes of KV per token (what a disk read or a peer copy moves)"
+    )
+
+
 class CacheLayout(BaseModel):
     """Everything that decides a request's block keys on one daemon."""
 
-    fingerprint: str = Field(description="digest of every other field")
+    fingerprint: str = Field(description="digest of every other field but costs")
     model: str
     root: str = Field(description="hex root key of the block chains (one per model)")
     block_size: int = Field(ge=1)
@@ -32,6 +49,8 @@ class CacheLayout(BaseModel):
     # A Python renderer in place of the Jinja template: a router cannot reproduce it.
     custom_renderer: bool = False
     tokenizer_files: dict[str, str] = Field(default_factory=dict)
+    # Not in the fingerprint: costs differ per machine, keys do not (None: an older daemon).
+    costs: TierCosts | None = None
 
 
 def fingerprint_of(

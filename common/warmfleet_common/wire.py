@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.contract import WarmSetStatus
 
 # A block key (16 bytes, warmfleet_common.chunking) in lowercase hex.
@@ -200,6 +201,9 @@ class DaemonStatus(_Wire):
     cache: StatusCache | None = None
     disk_tier: dict[str, Any] | None = Field(
         None, description='the disk tier: null without one; state "off" with its error'
+    )
+    tier_costs: TierCosts | None = Field(
+        None, description="what a prompt token costs here per tier, measured at start"
     )
     warm_sets: list[WarmSetStatus] | None = None
     kv_transfer: dict[str, Any] | None = None

@@ -14,11 +14,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
 from warmfleet_daemon.cache_events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.engine.kv import BlockPayload
+from warmfleet_daemon.kvtransfer.costs import measure_tier_costs
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.next_turn import NextTurns
@@ -43,6 +45,7 @@ class Ready:
     transfer: KVTransfer | None = None
     pins: TimedPins | None = None  # prefixes kept by cache_control (Anthropic)
     next_turn: NextTurns | None = None  # conversations' next prefixes, at idle priority
+    costs: TierCosts | None = None  # what a token costs here per tier (the router weighs them)
 
     @property
     def model(self) -> LoadedModel:
@@ -124,6 +127,10 @@ class DaemonState:
                     kind, e.key, e.parent, e.start, e.end, e.logits, "disk"
                 )
             )
+        # Measured on this thread before the engine's starts: the model is idle, and its
+        # probe already ran every path once.
+        disk = transfer.disk if transfer.disk and transfer.disk.stats().state == "on" else None
+        costs = measure_tier_costs(engine, transfer.codec, disk.directory if disk else None)
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
@@ -181,6 +188,7 @@ class DaemonState:
             transfer,
             pins,
             next_turn,
+            costs,
         )
 
     def _apply_warm_prompts_file(self, warm: WarmManager, path: str) -> None:

@@ -54,7 +54,9 @@ def layout_of(engine: Engine) -> CacheLayout:
 
 @router.get("/layout", response_model=CacheLayout)
 async def layout(ready: ReadyDep) -> CacheLayout:
-    return await run_in_threadpool(layout_of, ready.engine)
+    """How requests become block keys here, and what a token costs in each tier."""
+    found = await run_in_threadpool(layout_of, ready.engine)
+    return found.model_copy(update={"costs": ready.costs})
 
 
 @router.get("/snapshot", response_model=CacheSnapshot)

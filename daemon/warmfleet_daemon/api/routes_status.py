@@ -100,6 +100,7 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
         # The disk tier (--cache-dir / --state-dir): null when there is none; "off" with
         # the error when a full or failing disk turned it off.
         disk_tier=_disk_tier(ready, admin),
+        tier_costs=ready.costs,
         **detail,
         warm_set_counts=WarmSetCounts(
             sets=len(sets),
