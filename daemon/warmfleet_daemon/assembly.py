@@ -131,6 +131,7 @@ class DaemonState:
         # probe already ran every path once.
         disk = transfer.disk if transfer.disk and transfer.disk.stats().state == "on" else None
         costs = measure_tier_costs(engine, transfer.codec, disk.directory if disk else None)
+        transfer.spill.costs = costs  # what a spill's copy is weighed against
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}

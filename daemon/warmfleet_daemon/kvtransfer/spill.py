@@ -9,9 +9,10 @@ RAM cache (or held for the prompt when RAM will not take it) and wakes the engin
 restores the first ones while the rest arrive. A peer that goes away or misbehaves ends
 the copy there; the engine prefills the rest (`Prefetch.failed`).
 
-The estimate (`copy_is_faster`) weighs the daemon's own measured costs (prefill and RAM
-restore per token, KV bytes per token) against the transfer rate it has observed from
-that peer; before the first copy from a peer it assumes `FIRST_GUESS_BYTES_PER_S`.
+The estimate (`copy_is_faster`) weighs the daemon's own costs, measured at start
+(`TierCosts`: prefill and RAM restore per token, KV bytes per token), against the
+transfer rate it has observed from that peer; before the first copy from a peer it
+assumes `FIRST_GUESS_BYTES_PER_S`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.chunking import Chunk
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
@@ -47,15 +49,6 @@ _SLACK_S = 0.5  # added to the deadline: connecting, the fingerprint, scheduling
 
 
 @dataclass(frozen=True)
-class SpillCosts:
-    """What a token costs this daemon (measured at start), as the estimate needs it."""
-
-    prefill_us_per_token: float
-    ram_restore_us_per_token: float
-    kv_bytes_per_token: int
-
-
-@dataclass(frozen=True)
 class Estimate:
     copy_s: float
     prefill_s: float
@@ -66,7 +59,7 @@ class Estimate:
 
 
 def copy_is_faster(
-    tokens: int, blocks: int, costs: SpillCosts, bytes_per_s: float, latency_s: float
+    tokens: int, blocks: int, costs: TierCosts, bytes_per_s: float, latency_s: float
 ) -> Estimate:
     """The decision: copying `tokens` (in `blocks` blocks) from a peer that sends
     `bytes_per_s` with `latency_s` per request, then restoring them from RAM, against
@@ -105,14 +98,14 @@ class PeerSpill:
         self,
         client: PeerClient,
         cache: PrefixCache[kv.BlockPayload],
-        costs: Callable[[], SpillCosts | None],
+        costs: TierCosts | None = None,
         *,
         mode: SpillMode = "auto",
         max_copies: int = 2,
         deadline_s: float = 120.0,
     ) -> None:
-        """`costs()` is None until the daemon has measured them (no copy in `auto`);
-        `deadline_s` bounds a copy whose estimate is unknown (`always`)."""
+        """`costs` (set once the daemon has measured them at start; None: no copy in
+        `auto`); `deadline_s` bounds a copy whose estimate is unknown (`always`)."""
         self.client = client
         self.cache = cache
         self.costs = costs
@@ -142,7 +135,7 @@ class PeerSpill:
         wanted = list(chunks[start:])
         tokens = sum(c.size for c in wanted)
         deadline_s = self.deadline_s
-        costs = self.costs()
+        costs = self.costs
         if self.mode == "auto":
             if costs is None:
                 return None

@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.wire import CachePullResult
 from warmfleet_daemon.engine.core import Engine, wait_until_gone
@@ -20,7 +21,7 @@ from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
-from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillCosts, SpillMode
+from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillMode
 from warmfleet_daemon.prefix_cache import InsertOutcome
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class KVTransfer:
         cache_disk_budget_bytes: int = 0,
         spill: SpillMode = "auto",
         spill_deadline_s: float = 30.0,
-        costs: Callable[[], SpillCosts | None] = lambda: None,
+        costs: TierCosts | None = None,
     ) -> None:
         """Call before the engine thread starts (it probes the model). With `cache_dir`,
         every block also goes to the disk tier there, and the engine reads it back."""

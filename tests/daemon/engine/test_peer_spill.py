@@ -14,9 +14,10 @@ import pytest
 
 from support.engine import request, run, tokens_of
 from support.kv import BLOCK, Peer, answer, from_scratch, prompts
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine.core import Engine, Usage
-from warmfleet_daemon.kvtransfer.spill import SpillCosts, copy_is_faster
+from warmfleet_daemon.kvtransfer.spill import copy_is_faster
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 
 
@@ -92,20 +93,16 @@ def test_an_unreachable_peer_means_prefill(tiny, make_engine) -> None:
 def test_auto_copies_only_when_the_estimate_says_faster(warm_peer, tiny, make_engine) -> None:
     peer = Peer(warm_peer)
     engine = make_engine(tiny, block_size=BLOCK)
-    costs = SpillCosts(
-        prefill_us_per_token=0.001, ram_restore_us_per_token=1.0, kv_bytes_per_token=1
-    )
-    transfer = KVTransfer(engine, spill="auto", costs=lambda: costs)
+    costs = costs_of(0.001, 1.0, 1)
+    transfer = KVTransfer(engine, spill="auto", costs=costs)
     _, full = prompts()
     tokens, usage = spilled(engine, full, peer.url)
     assert usage.peer_tokens == 0 and peer.requests == []  # prefill was cheaper: not asked
     assert transfer.spill.stats().declined == 1
     assert tokens == from_scratch(engine, full)
     transfer.stop()
-    costs = SpillCosts(
-        prefill_us_per_token=5000.0, ram_restore_us_per_token=1.0, kv_bytes_per_token=1
-    )
-    transfer = KVTransfer(engine, spill="auto", costs=lambda: costs)
+    costs = costs_of(5000.0, 1.0, 1)
+    transfer = KVTransfer(engine, spill="auto", costs=costs)
     tokens, usage = spilled(engine, full, peer.url)
     assert usage.peer_tokens == 90
     assert tokens == from_scratch(engine, full)
@@ -113,10 +110,17 @@ def test_auto_copies_only_when_the_estimate_says_faster(warm_peer, tiny, make_en
     transfer.stop()
 
 
-def test_the_estimate() -> None:
-    costs = SpillCosts(
-        prefill_us_per_token=4000.0, ram_restore_us_per_token=20.0, kv_bytes_per_token=92160
+def costs_of(prefill_us: float, restore_us: float, kv_bytes: int) -> TierCosts:
+    return TierCosts(
+        prefill_us_per_token=prefill_us,
+        ram_restore_us_per_token=restore_us,
+        disk_read_us_per_token=None,
+        kv_bytes_per_token=kv_bytes,
     )
+
+
+def test_the_estimate() -> None:
+    costs = costs_of(4000.0, 20.0, 92160)
     # 4,096 tokens at 50 MB/s: 7.5 s of transfer against 16.4 s of prefill.
     fast = copy_is_faster(4096, 32, costs, 50e6, 0.005)
     assert fast.faster and fast.copy_s == pytest.approx(0.005 * 3 + 4096 * 92160 / 50e6 + 0.08192)
