@@ -102,6 +102,26 @@ def test_a_daemon_honours_only_a_peer_the_router_signed(daemons: list[Daemon]) -
     assert chat(a.url, messages, **signed).status_code == 200
 
 
+def test_a_pull_is_admin_and_refuses_a_broken_chain(daemons: list[Daemon]) -> None:
+    a, b = daemons
+    chain = [{"key": "ab" * 16, "start": 0, "end": 32}, {"key": "cd" * 16, "start": 32, "end": 64}]
+    body = {"peer": b.url, "blocks": chain, "deadline_s": 5}
+    url = f"{a.url}/v1/cache/pull"
+    assert httpx.post(url, json=body).status_code == 401
+    for bad, param in [
+        ({**body, "blocks": chain[1:]}, "blocks"),  # not from 0
+        ({**body, "peer": "file:///etc/passwd"}, "peer"),
+        ({**body, "deadline_s": 0}, "deadline_s"),
+        ({**body, "extra": 1}, "extra"),
+    ]:
+        refused = httpx.post(url, json=bad, headers=AUTH)
+        assert refused.status_code == 400, refused.text
+        assert param in refused.text
+    # Blocks the peer does not hold: nothing copied, and it says so.
+    result = httpx.post(url, json=body, headers=AUTH, timeout=30).json()
+    assert result["copied_blocks"] == 0 and result["complete"] is False
+
+
 class Nodes:
     """A backend source the test changes (a WarmNode deleted), read every 0.1 s."""
 
