@@ -148,7 +148,10 @@ class Load:
         body = {
             "model": "default", "max_tokens": 4000, "temperature": 0.0, "stream": True,
             "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"Write a long story ({key})."}],
+            "messages": [
+                {"role": "system", "content": key},
+                {"role": "user", "content": "Write a long story."},
+            ],
         }  # fmt: skip
         headers = {"x-session-affinity": key}
         with httpx.stream(
@@ -171,7 +174,8 @@ def keys_on(router_url: str, holder: str, count: int, taken: set[str]) -> list[s
         key = f"load-{holder}-{i}"
         if key in taken:
             continue
-        short = [{"role": "user", "content": f"Hi ({key})"}]
+        # A system prompt of its own: no daemon holds any of it, so the key's hash decides.
+        short = [{"role": "system", "content": key}, {"role": "user", "content": "Hi"}]
         _, backend = routed(router_url, short, key, 1)
         taken.add(key)
         if backend == holder:
@@ -266,7 +270,8 @@ def main() -> int:
                 f"  spilled to {went} ({decision['reason']}, peer {decision['peer']}): TTFT "
                 f"{spilled.ttft_s:.2f} s, cached {spilled.cached_tokens}; re-prefill there "
                 f"{prefill.ttft_s:.2f} s (cached {prefill.cached_tokens}); ratio "
-                f"{spilled.ttft_s / prefill.ttft_s:.3f}",
+                f"{spilled.ttft_s / prefill.ttft_s:.3f}; same answer: "
+                f"{spilled.text == prefill.text}",
                 flush=True,
             )
         stats = {u: spill_stats(u) for u in urls}
@@ -286,6 +291,8 @@ def main() -> int:
     print(f"  re-prefill on the other  {spread([x.prefill.ttft_s for x in results])}")
     ratios = [x.spilled.ttft_s / x.prefill.ttft_s for x in results]
     print(f"  spilled / re-prefill     {spread(ratios)}  (target <= 0.25)")
+    same = sum(x.spilled.text == x.prefill.text for x in results)
+    print(f"greedy answers, spilled vs re-prefilled: {same} of {len(results)} identical")
     return 0
 
 

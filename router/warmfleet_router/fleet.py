@@ -137,7 +137,8 @@ class Fleet:
             if name not in wanted and not backend.leaving and self._should_hand_off(backend):
                 backend.leaving = True  # removed once its sessions are handed off
                 backend.set_health("draining")
-                self._start_handoff(backend)
+                if name not in self._handoffs:  # (one may run already: a SIGTERM's)
+                    self._start_handoff(backend)
             elif (name not in wanted and not backend.leaving) or (
                 name in wanted and wanted[name] != backend.spec
             ):
