@@ -254,8 +254,12 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
-    DrainingServer(config, app.state.daemon, settings.drain_seconds).run()
-    return 0
+    server = DrainingServer(config, app.state.daemon, settings.drain_seconds)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it caught, as uvicorn.run
+        pass
+    return 0 if server.started else 3  # uvicorn's exit code when it could not start
 
 
 def convert(args: argparse.Namespace) -> int:
