@@ -5,6 +5,7 @@ side of the `warmfleet` command line, which imports this module only for these."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -255,10 +256,8 @@ def serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
     )
     server = DrainingServer(config, app.state.daemon, settings.drain_seconds)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
         server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it caught, as uvicorn.run
-        pass
     return 0 if server.started else 3  # uvicorn's exit code when it could not start
 
 

@@ -241,7 +241,8 @@ class Telemetry(otel.Metrics):
         counters = (
             ("copies", "copies", "{copy}", "Spill copies started from a peer daemon"),
             ("declined", "declined", "{copy}", "Spills prefilled: estimated slower, or busy"),
-            ("short", "short", "{copy}", "Copies that ended early (the rest was prefilled)"),
+            ("short", "short", "{copy}", "Copies that ended where the peer's blocks end"),
+            ("failed", "failed", "{copy}", "Copies the peer ended early (the rest prefilled)"),
             ("blocks", "blocks", "{block}", "Blocks copied from peers and verified"),
             ("copied", "bytes", "By", "Bytes copied from peers"),
             ("time", "seconds", "s", "Time spent copying from peers (throughput: copied/this)"),

@@ -60,10 +60,12 @@ class PeerClient:
         deadline: float,
         *,
         deadline_name: str = "the warm-up's deadline (--warm-from-deadline)",
+        ended: list[str] | None = None,
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """Verified payloads of `chunks[start:]`, in order, as far as the peer has them,
         until `deadline` (time.monotonic(); `deadline_name` in the log). Errors are
-        logged (one line) and end the iteration."""
+        logged (one line) and end the iteration; why it ended early goes in `ended`
+        (`COPY_ENDS`)."""
 
         def theirs(info: dict[str, Any]) -> list[Chunk] | None:
             planned = plan_chunks(
@@ -77,7 +79,7 @@ class PeerClient:
                 return None
             return planned
 
-        yield from self._copy(url, theirs, start, deadline, deadline_name)
+        yield from self._copy(url, theirs, start, deadline, deadline_name, ended)
 
     def fetch_chain(
         self, url: str, root: bytes, chunks: list[Chunk], deadline: float, deadline_name: str
@@ -91,7 +93,7 @@ class PeerClient:
                 return None
             return chunks
 
-        yield from self._copy(url, same_root, 0, deadline, deadline_name)
+        yield from self._copy(url, same_root, 0, deadline, deadline_name, None)
 
     def _copy(
         self,
@@ -100,15 +102,16 @@ class PeerClient:
         start: int,
         deadline: float,
         deadline_name: str,
+        ended: list[str] | None,
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """Verified payloads of `plan(peer info)[start:]`, in order; errors logged."""
+        why = _end(ended)
         try:
             with httpx.Client(base_url=url, headers=self.headers) as http:
                 info = self._info(http, url, deadline)
-                if info is None:
-                    return
-                theirs = plan(info)
+                theirs = plan(info) if info is not None else None
                 if theirs is None:
+                    why("refused")
                     return
                 index = start
                 while index < len(theirs):
@@ -119,10 +122,13 @@ class PeerClient:
                         got += 1
                         index += 1
                     if got < len(batch):  # the peer does not have the rest
+                        why("lacking")
                         return
         except DeadlinePassed:
+            why("deadline")
             _abandoned(url, _past(deadline, deadline_name))
         except PeerLimit as exc:
+            why("limit")
             _abandoned(url, str(exc))
         except (
             httpx.HTTPError,
@@ -134,9 +140,10 @@ class PeerClient:
             OverflowError,  # e.g. "block_size": Infinity
         ) as exc:
             if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
-                # the read's timeout was cut to the deadline
+                why("deadline")  # the read's timeout was cut to the deadline
                 _abandoned(url, _past(deadline, deadline_name))
             else:
+                why("error")
                 log.warning("copying blocks from peer %s stopped: %s", url, exc)
 
     def _timeout(self, deadline: float) -> httpx.Timeout:
@@ -189,6 +196,16 @@ class PeerClient:
             frames = read_frames(_capped(r, cap, deadline, what), longest)
             for _, data in zip(batch, frames):  # what was asked for, and no more
                 yield data
+
+
+# Why a copy ended before its last block: the peer lacked the rest, refused (another
+# fingerprint or root, a plan of its own, an error status), sent something wrong or went
+# away, or was past a byte cap or the deadline.
+COPY_ENDS = ("lacking", "refused", "error", "limit", "deadline")
+
+
+def _end(ended: list[str] | None) -> Callable[[str], None]:
+    return ended.append if ended is not None else lambda _: None
 
 
 def _abandoned(url: str, why: str) -> None:

@@ -84,8 +84,8 @@ class SpillStats:
     mode: SpillMode
     copies: int  # copies started
     declined: int  # estimated slower than prefill (or every copy slot busy)
-    short: int  # ended before the prompt's end: the peer lacked the rest, went away,
-    # misbehaved or was too slow (the rest was prefilled)
+    short: int  # ended where the peer's blocks end (a new turn's own tokens: prefilled)
+    failed: int  # ended early: the peer refused, went away, misbehaved or was too slow
     blocks: int  # copied and verified
     tokens: int
     bytes: int
@@ -114,7 +114,7 @@ class PeerSpill:
         self._lock = threading.Lock()
         self._rates: dict[str, _Rate] = {}
         self._free = max_copies
-        self._copies = self._declined = self._short = 0
+        self._copies = self._declined = self._short = self._failed = 0
         self._blocks = self._tokens = self._bytes = 0
         self._seconds = 0.0
         self._running: dict[threading.Thread, Prefetch] = {}
@@ -179,9 +179,16 @@ class PeerSpill:
         started = time.monotonic()
         nbytes = 0
         parent = job.parent
+        ended: list[str] = []
         try:
             for index, payload in self.client.fetch(
-                peer, prompt, chunks, start, deadline, deadline_name="the spill's deadline"
+                peer,
+                prompt,
+                chunks,
+                start,
+                deadline,
+                deadline_name="the spill's deadline",
+                ended=ended,
             ):
                 if job.cancelled:
                     break
@@ -196,19 +203,22 @@ class PeerSpill:
                 job.done += 1
                 wake()
         except Exception:  # never leave a prompt waiting on a copy that died
+            ended.append("error")
             log.exception("copying blocks from peer %s failed", peer)
         finally:
             copied = job.done
             if copied < len(job.chunks):
                 job.failed = True
             elapsed = time.monotonic() - started
-            self._finished(job, peer, copied, nbytes, elapsed)
+            self._finished(job, peer, copied, nbytes, elapsed, ended)
             wake()
             with self._lock:
                 self._free += 1
                 self._running.pop(threading.current_thread(), None)
 
-    def _finished(self, job: Prefetch, peer: str, copied: int, nbytes: int, elapsed: float) -> None:
+    def _finished(
+        self, job: Prefetch, peer: str, copied: int, nbytes: int, elapsed: float, ended: list[str]
+    ) -> None:
         tokens = sum(c.size for c in job.chunks[:copied])
         with self._lock:
             self._blocks += copied
@@ -216,7 +226,10 @@ class PeerSpill:
             self._bytes += nbytes
             self._seconds += elapsed
             if job.failed and not job.cancelled:
-                self._short += 1
+                if ended[:1] == ["lacking"]:
+                    self._short += 1
+                else:
+                    self._failed += 1
             if copied and elapsed > 0:  # what this peer really gives
                 rate = self._rates.setdefault(
                     peer, _Rate(FIRST_GUESS_BYTES_PER_S, FIRST_GUESS_LATENCY_S)
@@ -251,6 +264,7 @@ class PeerSpill:
                 self._copies,
                 self._declined,
                 self._short,
+                self._failed,
                 self._blocks,
                 self._tokens,
                 self._bytes,

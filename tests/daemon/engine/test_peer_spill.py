@@ -55,6 +55,7 @@ def test_a_spilled_prompt_copies_the_peers_blocks_and_answers_as_from_scratch(
     stats = transfer.spill.stats()
     assert (stats.copies, stats.blocks, stats.tokens) == (1, len(engine.plan(prefix)), 90)
     assert stats.bytes > 0 and peer.url in stats.peers
+    assert (stats.short, stats.failed) == (1, 0)  # the peer lacks only the new question
     peer.close()
     transfer.stop()
 
@@ -72,7 +73,7 @@ def test_a_peer_that_disappears_mid_copy_leaves_the_rest_to_prefill(
     assert usage.peer_tokens == usage.cached_tokens == chunks[1].end  # the blocks before the cut
     assert any("stopped" in r.getMessage() and peer.url in r.getMessage() for r in caplog.records)
     assert tokens == from_scratch(engine, full)
-    assert transfer.spill.stats().short == 1
+    assert (transfer.spill.stats().short, transfer.spill.stats().failed) == (0, 1)
     peer.close()
     transfer.stop()
 
