@@ -282,6 +282,7 @@ def main() -> int:
         rate = st["bytes"] / st["seconds"] / 1e6 if st["seconds"] else 0.0
         print(
             f"{url}: {st['copies']} copies, {st['declined']} declined, {st['short']} short, "
+            f"{st['failed']} failed, "
             f"{st['tokens']} tokens, {st['bytes'] / (1 << 20):.1f} MiB in {st['seconds']:.2f} s "
             f"({rate:.0f} MB/s)"
         )
