@@ -128,6 +128,9 @@ class SnapshotBlock(_Wire):
     logits: bool = False
     pinned: bool = False
     tier: Tier = "ram"  # the fastest tier that holds it (RAM blocks are often on disk too)
+    # The disk tier holds it too (always for tier "disk"): when RAM evicts it, it is still
+    # a disk block. False from daemons older than this field.
+    on_disk: bool = False
 
 
 class CacheSnapshot(_Wire):

@@ -166,8 +166,9 @@ class CacheEventLog(Generic[P]):
         with self._lock:
             self._subscribers.discard(subscription)
 
-    def block_wire(self, block: BlockView[P]) -> SnapshotBlock:
-        """The entry `GET /v1/cache/snapshot` lists for it."""
+    def block_wire(self, block: BlockView[P], on_disk: bool = False) -> SnapshotBlock:
+        """The entry `GET /v1/cache/snapshot` lists for it (`on_disk`: the disk tier
+        holds it too)."""
         return SnapshotBlock(
             key=block.key.hex(),
             parent=block.parent.hex() if block.parent is not None else None,
@@ -175,4 +176,5 @@ class CacheEventLog(Generic[P]):
             end=block.end,
             logits=self._has_logits(block.payload),
             pinned=block.pinned,
+            on_disk=on_disk,
         )

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from warmfleet_common.cache_layout import TierCosts
+
 Health = Literal["unknown", "ready", "unready", "draining", "down"]
 
 
@@ -36,6 +38,10 @@ class Backend:
     # aliases its /v1/status lists); None: unknown (not read yet, or it lists none).
     models: frozenset[str] | None = None
     context_length: int | None = None  # tokens; None: it has not said
+    # What a prompt token costs it per tier (its layout's, refreshed from its status: a
+    # restarted daemon measures again); None: it has not said (an older daemon, any
+    # other server), so the policy weighs its cached tokens as RAM hits.
+    costs: TierCosts | None = None
     resyncs: int = 0
     warm_sets: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0

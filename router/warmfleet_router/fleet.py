@@ -11,7 +11,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -21,7 +21,7 @@ from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
 from warmfleet_router.handoff import HotSession, HotSessions, hand_off
 from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
-from warmfleet_router.index import BlockIndex, Flight
+from warmfleet_router.index import BlockIndex, Flight, TierHit
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
@@ -83,6 +83,7 @@ class Plan:
     affinity: str | None
     started: float  # the request's arrival, before it was tokenized
     predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
+    tiers: dict[str, TierHit] = field(default_factory=dict)  # the same, by tier
     # What each prediction rests on: "events" (the daemon's cache events), "contended"
     # (events, but a request in flight there shares blocks not stored yet), "history"
     # (the router's own routing, and warm sets), "resyncing" (nothing yet).
@@ -253,8 +254,16 @@ class Fleet:
             b.name: prepared.blocks.get(self._fingerprint_of(b), EMPTY) if keyed else EMPTY
             for b in backends
         }
+        hits = {b.name: self.index.predict_tiers(b.name, blocks[b.name]) for b in backends}
         candidates = [
-            Candidate(b.name, b.in_flight, self.index.predict(b.name, blocks[b.name]))
+            Candidate(
+                b.name,
+                b.in_flight,
+                hits[b.name].total,
+                disk_tokens=hits[b.name].disk,
+                peer_tokens=hits[b.name].peer,
+                costs=b.costs,
+            )
             for b in backends
         ]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
@@ -271,7 +280,7 @@ class Fleet:
         sources = {b.name: _source(b) for b in backends}
         holders = self._holders(prepared.blocks) if keyed else {}
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
-        return Plan(decision, blocks, affinity, arrived, predicted, sources, holders=holders)
+        return Plan(decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders)
 
     def _holders(self, keyed: Mapping[str, RequestBlocks]) -> dict[str, int]:
         """Cached tokens predicted on each backend a peer copy may come from: ready or
@@ -341,8 +350,22 @@ class Fleet:
         source = plan.sources.get(backend.name, _source(backend))
         if source == "events" and flight is not None and flight.contended:
             source = "contended"
+        hit = plan.tiers.get(backend.name)
+        served = None
+        if usage is not None and usage.disk_tokens is not None:
+            ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
+            served = {"ram": ram, "disk": usage.disk_tokens, "peer": usage.peer_tokens}
         self.metrics.request_finished(
-            backend, reason, outcome, predicted, source, prompt_tokens, cached, first_byte
+            backend,
+            reason,
+            outcome,
+            predicted,
+            source,
+            prompt_tokens,
+            cached,
+            first_byte,
+            {"ram": hit.ram, "disk": hit.disk, "peer": hit.peer} if hit is not None else None,
+            served,
         )
         self.decisions.append(
             {
@@ -354,6 +377,9 @@ class Fleet:
                 "outcome": outcome,
                 "session": self._session_hash(plan.affinity),
                 "predicted_cached_tokens": predicted,
+                "predicted_by_tier": asdict(plan.tiers[backend.name])
+                if predicted is not None and backend.name in plan.tiers
+                else None,
                 "prediction_source": source if predicted is not None else None,
                 "cached_tokens": cached,
                 "prompt_tokens": prompt_tokens,
@@ -450,8 +476,16 @@ class Fleet:
         ]
         if not ready or draining.fingerprint is None:
             return None
+        hits = {b.name: self.index.predict_tiers(b.name, session.blocks) for b in ready}
         candidates = [
-            Candidate(b.name, b.in_flight, self.index.predict(b.name, session.blocks))
+            Candidate(
+                b.name,
+                b.in_flight,
+                hits[b.name].total,
+                disk_tokens=hits[b.name].disk,
+                peer_tokens=hits[b.name].peer,
+                costs=b.costs,
+            )
             for b in ready
         ]
         self._turn += 1
@@ -517,6 +551,7 @@ class Fleet:
                     },
                     "models": sorted(b.models) if b.models is not None else None,
                     "context_length": b.context_length,
+                    "tier_costs": b.costs.model_dump() if b.costs is not None else None,
                     "warm_sets": b.warm_sets,
                     "last_error": b.last_error,
                     "problems": dict(b.problems),

@@ -7,13 +7,23 @@ first). For those, the blocks of the warm sets a backend pins (its admin
 `/v1/warm-sets`) count as held too (with events, the events already say so). A
 prediction is what the daemon's engine would reuse: the longest run of the request's
 blocks from the first, where the request's final block only counts when it
-holds its logits (the engine needs them to sample the first token).
+holds its logits (the engine needs them to sample the first token), split by the
+fastest tier that holds each block (`predict_tiers`).
+
+Tiers: a daemon with a disk tier reports each block entering or leaving RAM and the
+disk separately (`tier` on its events), and its snapshot lists each block's fastest
+tier and whether the disk holds it too. The index keeps the set per block, so a block
+evicted from RAM that the disk still holds becomes a disk block, not a gone one.
+History and warm-set entries count as RAM (an estimate; a backend without events has
+said nothing about tiers).
 
 The index has a byte budget: past it, the backend holding the most entries loses its
 newest precise ones (a snapshot keeps its shallow blocks, the prefixes every longer
 request needs; a flood of `stored` events from one backend costs only that backend) or
 its least recently routed history ones. Each entry is costed at ENTRY_BYTES, measured
-with tracemalloc (a 16-byte key in a dict: ~100 bytes; in an OrderedDict: ~155).
+with tracemalloc (a 16-byte key in a dict: ~100 bytes; in an OrderedDict: ~155). A
+precise entry's value packs its logits flag and its tiers into one int below 16:
+CPython's shared small ints, so the tiers add no bytes to an entry.
 """
 
 from __future__ import annotations
@@ -23,11 +33,36 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from warmfleet_common.chunking import BlockKey
+from warmfleet_common.wire import Tier
 from warmfleet_router.keys import RequestBlocks
 
 DEFAULT_HISTORY_BLOCKS = 200_000
 DEFAULT_BUDGET_BYTES = 64 << 20
 ENTRY_BYTES = 160
+
+# A precise entry's value: bit 0 the logits flag, then one bit per tier holding it.
+_LOGITS = 1
+_TIER_BIT: dict[Tier, int] = {"ram": 2, "disk": 4, "peer": 8}
+_TIERS = 2 | 4 | 8
+
+# One snapshot entry: key, logits, and the tiers holding it (RAM when left out).
+SnapshotEntry = tuple[BlockKey, bool] | tuple[BlockKey, bool, Iterable[Tier]]
+
+
+@dataclass(frozen=True)
+class TierHit:
+    """A prediction's cached prompt tokens by the fastest tier holding each block."""
+
+    ram: int = 0
+    disk: int = 0
+    peer: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.ram + self.disk + self.peer
+
+
+NO_HIT = TierHit()
 
 
 @dataclass(eq=False)
@@ -46,7 +81,7 @@ class BlockIndex:
         history_blocks: int = DEFAULT_HISTORY_BLOCKS,
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
     ) -> None:
-        self._precise: dict[str, dict[BlockKey, bool]] = {}  # backend -> key -> logits
+        self._precise: dict[str, dict[BlockKey, int]] = {}  # backend -> key -> bits above
         self._history: dict[str, OrderedDict[BlockKey, None]] = {}
         self._pinned: dict[str, frozenset[BlockKey]] = {}  # warm, pinned prompts' blocks
         self._flights: dict[str, list[Flight]] = {}  # requests in prefill, per backend
@@ -57,16 +92,31 @@ class BlockIndex:
 
     # -- precise: a daemon's cache events ---------------------------------------
 
-    def load_snapshot(self, backend: str, blocks: Iterable[tuple[BlockKey, bool]]) -> None:
-        self._precise[backend] = dict(blocks)
+    def load_snapshot(self, backend: str, blocks: Iterable[SnapshotEntry]) -> None:
+        entries: dict[BlockKey, int] = {}
+        for key, logits, *tiers in blocks:
+            held = sum({_TIER_BIT[t] for t in tiers[0]}) if tiers else _TIER_BIT["ram"]
+            entries[key] = held | (_LOGITS if logits else 0)
+        self._precise[backend] = entries
         self._keep_budget()
 
-    def stored(self, backend: str, key: BlockKey, logits: bool) -> None:
-        self._precise.setdefault(backend, {})[key] = logits
+    def stored(self, backend: str, key: BlockKey, logits: bool, tier: Tier = "ram") -> None:
+        held = self._precise.setdefault(backend, {})
+        bits = (held.get(key, 0) & _TIERS) | _TIER_BIT[tier]
+        held[key] = bits | (_LOGITS if logits else 0)
         self._keep_budget()
 
-    def evicted(self, backend: str, key: BlockKey) -> None:
-        self._precise.get(backend, {}).pop(key, None)
+    def evicted(self, backend: str, key: BlockKey, tier: Tier = "ram") -> None:
+        """`key` left `tier`; it stays known while another tier holds it."""
+        held = self._precise.get(backend, {})
+        bits = held.get(key)
+        if bits is None:
+            return
+        bits &= ~_TIER_BIT[tier]
+        if bits & _TIERS:
+            held[key] = bits
+        else:
+            del held[key]
 
     def cleared(self, backend: str) -> None:
         self._precise[backend] = {}
@@ -139,7 +189,7 @@ class BlockIndex:
         up to its prefill scheduler, so both predictions can be off by those blocks
         (either way) through no fault of the index."""
         precise = self._precise.get(backend)
-        held: dict[BlockKey, bool] | OrderedDict[BlockKey, None]
+        held: dict[BlockKey, int] | OrderedDict[BlockKey, None]
         held = precise if precise is not None else self._history.get(backend, OrderedDict())
         pinned = self._pinned.get(backend, frozenset()) if precise is None else frozenset()
         first = next((k for k in blocks.keys if k not in held and k not in pinned), None)
@@ -170,8 +220,14 @@ class BlockIndex:
 
     def predict(self, backend: str, blocks: RequestBlocks) -> int:
         """Prompt tokens this backend would serve from its cache."""
+        return self.predict_tiers(backend, blocks).total
+
+    def predict_tiers(self, backend: str, blocks: RequestBlocks) -> TierHit:
+        """Prompt tokens this backend would serve from its cache, by the fastest tier
+        holding each block (RAM before disk: the engine reads a block from disk only
+        when RAM lacks it)."""
         precise = self._precise.get(backend)
-        held: dict[BlockKey, bool] | OrderedDict[BlockKey, None]
+        held: dict[BlockKey, int] | OrderedDict[BlockKey, None]
         held = precise if precise is not None else self._history.get(backend, OrderedDict())
         # Events already say what is pinned, and when a clear dropped it: the warm sets'
         # blocks fill in only for backends without them.
@@ -185,9 +241,25 @@ class BlockIndex:
             # The engine needs the final block's logits: events say whether it has them;
             # a warm prefix is a strict prefix of its requests, so its blocks have none.
             last = blocks.keys[-1]
-            if (precise is not None and not precise.get(last, False)) or last not in held:
+            if (precise is not None and not precise.get(last, 0) & _LOGITS) or last not in held:
                 run -= 1
-        return blocks.ends[run - 1] if run else 0
+        if not run:
+            return NO_HIT
+        if precise is None:
+            return TierHit(ram=blocks.ends[run - 1])  # estimates say nothing of tiers
+        tokens = {"ram": 0, "disk": 0, "peer": 0}
+        start = 0
+        for key, end in zip(blocks.keys[:run], blocks.ends[:run], strict=True):
+            bits = precise[key]
+            tier: Tier = next(t for t, bit in _TIER_BIT.items() if bits & bit)  # fastest
+            tokens[tier] += end - start
+            start = end
+        return TierHit(**tokens)
+
+    def tiers(self, backend: str, key: BlockKey) -> frozenset[Tier]:
+        """The tiers a backend's events say hold `key` (empty: none known)."""
+        bits = self._precise.get(backend, {}).get(key, 0)
+        return frozenset(t for t, bit in _TIER_BIT.items() if bits & bit)
 
     def dropped_blocks(self, backend: str) -> int:
         return self.dropped.get(backend, 0)

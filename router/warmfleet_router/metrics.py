@@ -9,7 +9,8 @@ what the prediction rested on, `warmfleet.prediction.source`: `events` (a daemon
 cache events: the accuracy that matters), `contended` (events, but another request in
 flight on that daemon shares blocks it has not stored yet: which of the two reuses them
 is the daemon's scheduling), `history` (guesses for backends without events),
-`resyncing`);
+`resyncing`); predicted and served cached tokens by cache tier (`warmfleet.cache.tier`:
+ram, disk, peer; served tiers as a warmfleet daemon's usage says them);
 in-flight requests, health and index size as gauges; failovers and index resyncs as
 counters; time to first byte as seen by the router. Exported names: dots become
 underscores, counters get `_total`.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -61,6 +62,16 @@ class RouterMetrics(otel.Metrics):
         self._predicted = counter(
             "warmfleet.router.predicted_cached_tokens", "{token}",
             "Cached tokens the router's index predicted, for requests with usage",
+        )  # fmt: skip
+        self._predicted_tiers = counter(
+            "warmfleet.router.predicted_tier_hit_tokens", "{token}",
+            "Cached tokens the router's index predicted, for requests with usage, by the "
+            "tier it expected each block in (warmfleet.cache.tier: ram, disk, peer)",
+        )  # fmt: skip
+        self._served_tiers = counter(
+            "warmfleet.router.tier_hit_tokens", "{token}",
+            "Prompt tokens served from the backends' caches by the tier they came from, as "
+            "their usage says (warmfleet daemons' cached_tokens_by_tier)",
         )  # fmt: skip
         self._predictions = counter(
             "warmfleet.router.predictions", "{request}",
@@ -164,6 +175,8 @@ class RouterMetrics(otel.Metrics):
         prompt_tokens: int | None,
         cached: int | None,
         first_byte: float | None,
+        predicted_tiers: Mapping[str, int] | None = None,
+        served_tiers: Mapping[str, int] | None = None,
     ) -> None:
         base = labels(backend)
         self._requests.add(
@@ -181,6 +194,10 @@ class RouterMetrics(otel.Metrics):
                 if predicted < cached:
                     result = "under"
                 self._predictions.add(1, {**judged, "warmfleet.prediction": result})
+                for tier, tokens in (predicted_tiers or {}).items():
+                    self._predicted_tiers.add(tokens, {**judged, "warmfleet.cache.tier": tier})
+            for tier, tokens in (served_tiers or {}).items():
+                self._served_tiers.add(tokens, {**base, "warmfleet.cache.tier": tier})
 
     def request_cpu(self, route: str, stage: str, seconds: float) -> None:
         self._cpu.add(seconds, {"warmfleet.route": route, "warmfleet.stage": stage})

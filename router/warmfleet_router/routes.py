@@ -33,6 +33,24 @@ from warmfleet_router.keys import (
 class Usage:
     prompt_tokens: int
     cached_tokens: int
+    # Of cached_tokens, those read back from the disk tier (a warmfleet daemon's
+    # `usage.cached_tokens_by_tier`); None: the backend did not say.
+    disk_tokens: int | None = None
+    peer_tokens: int = 0  # of cached_tokens, copied from a peer (a spill)
+
+
+def _with_tiers(usage: Usage, document: Mapping[str, Any]) -> Usage:
+    """`usage` with its served tiers, when `document` (the usage object) says them and
+    they add up to its cached tokens."""
+    tiers = document.get("cached_tokens_by_tier")
+    if not isinstance(tiers, dict):
+        return usage
+    ram, disk, peer = tiers.get("ram"), tiers.get("disk"), tiers.get("peer", 0)
+    if not (_count(ram) and _count(disk) and _count(peer)):
+        return usage
+    if ram + disk + peer != usage.cached_tokens:
+        return usage
+    return Usage(usage.prompt_tokens, usage.cached_tokens, disk, peer)
 
 
 ErrorShape = Literal["openai", "anthropic", "responses"]
@@ -91,7 +109,10 @@ def openai_usage(document: Mapping[str, Any]) -> Usage | None:
     prompt, cached = usage.get("prompt_tokens"), (details or {}).get("cached_tokens")
     if not isinstance(prompt, int) or isinstance(prompt, bool):
         return None
-    return Usage(prompt, cached if isinstance(cached, int) and not isinstance(cached, bool) else 0)
+    counted = Usage(
+        prompt, cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+    )
+    return _with_tiers(counted, usage)
 
 
 def openai_output(event: Mapping[str, Any]) -> bool:
@@ -139,7 +160,9 @@ def anthropic_usage(document: Mapping[str, Any]) -> Usage | None:
     created = usage.get("cache_creation_input_tokens")
     if not (_count(uncached) and _count(cached)):
         return None
-    return Usage(uncached + cached + (created if _count(created) else 0), cached)
+    return _with_tiers(
+        Usage(uncached + cached + (created if _count(created) else 0), cached), usage
+    )
 
 
 def anthropic_output(event: Mapping[str, Any]) -> bool:
@@ -158,7 +181,7 @@ def responses_usage(document: Mapping[str, Any]) -> Usage | None:
         return None
     details = usage.get("input_tokens_details")  # type: ignore[union-attr]
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return Usage(prompt, cached if _count(cached) else 0)
+    return _with_tiers(Usage(prompt, cached if _count(cached) else 0), usage)  # type: ignore[arg-type]
 
 
 def responses_output(event: Mapping[str, Any]) -> bool:

@@ -3,8 +3,8 @@
 Health: `GET /readyz` every `health_interval`; a failed request or a 5xx seen by the
 proxy marks it down at once (passive check), the next good probe brings it back.
 Models: the names it answers to (`/v1/models`, plus a warmfleet daemon's aliases from
-`/v1/status`) and its context length, read when it becomes ready and every
-`models_interval` while it is.
+`/v1/status`), its context length and what a token costs it per tier (`tier_costs`,
+also in its layout), read when it becomes ready and every `models_interval` while it is.
 Cache events: the daemon's layout, then a snapshot, then the event stream from the
 snapshot's sequence number; a gap (a sequence number skipped, a heartbeat ahead of the
 last event) or a `reset` line means fetch a new snapshot; a dropped connection means
@@ -273,6 +273,8 @@ class BackendSync:
             names.update(status.model.aliases)
             if status.model.context_length:
                 lengths.append(status.model.context_length)
+        if status is not None:  # measured at its start: a restart measures again
+            backend.costs = status.tier_costs
         backend.models = frozenset(names) or None
         backend.context_length = max(lengths) if lengths else None
 
@@ -381,7 +383,11 @@ class BackendSync:
         if snap.fingerprint != backend.fingerprint:
             await self._read_layout()
         self._index.load_snapshot(
-            backend.name, ((bytes.fromhex(b.key), b.logits) for b in snap.blocks)
+            backend.name,
+            (
+                (bytes.fromhex(b.key), b.logits, {b.tier, "disk"} if b.on_disk else {b.tier})
+                for b in snap.blocks
+            ),
         )
         backend.epoch, backend.seq = snap.epoch, snap.seq
         backend.index_mode = "following"
@@ -396,6 +402,7 @@ class BackendSync:
         layout = await self._get("/v1/cache/layout", CacheLayout, self._limits.layout)
         await self._layouts(layout)
         backend.fingerprint, backend.model = layout.fingerprint, layout.model
+        backend.costs = layout.costs
 
     async def _follow(self) -> bool:
         """Apply the event stream until it ends; whether any line was applied."""
@@ -447,9 +454,9 @@ class BackendSync:
         if event.seq != backend.seq + 1:
             raise ResyncNeeded(f"event {event.seq} after {backend.seq}")
         if isinstance(event, BlockStored):
-            index.stored(backend.name, bytes.fromhex(event.key), event.logits)
-        elif isinstance(event, BlockEvicted):
-            index.evicted(backend.name, bytes.fromhex(event.key))
+            index.stored(backend.name, bytes.fromhex(event.key), event.logits, event.tier)
+        elif isinstance(event, BlockEvicted):  # a block may leave RAM and stay on disk
+            index.evicted(backend.name, bytes.fromhex(event.key), event.tier)
         else:
             index.cleared(backend.name)
         backend.seq = event.seq

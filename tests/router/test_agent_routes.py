@@ -21,6 +21,7 @@ from warmfleet_router.routes import (
     Usage,
     anthropic_output,
     anthropic_usage,
+    openai_usage,
     request_blocks,
     responses_output,
     responses_usage,
@@ -94,6 +95,22 @@ def test_responses_usage_from_the_body_and_the_completed_event() -> None:
     done = {"type": "response.completed", "response": {"usage": usage}}
     assert responses_usage(done) == Usage(120, 96)
     assert responses_usage({"type": "response.created", "response": {"usage": None}}) is None
+
+
+def test_usage_says_the_served_tiers_when_they_add_up() -> None:
+    tiers = {"cached_tokens_by_tier": {"ram": 64, "disk": 32}}
+    chat = {"prompt_tokens": 120, "prompt_tokens_details": {"cached_tokens": 96}}
+    assert openai_usage({"usage": {**chat, **tiers}}) == Usage(120, 96, 32)
+    assert openai_usage({"usage": chat}) == Usage(120, 96, None)  # another server
+    messages = {"input_tokens": 24, "cache_read_input_tokens": 96, **tiers}
+    assert anthropic_usage({"type": "message", "usage": messages}) == Usage(120, 96, 32)
+    responses = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96}, **tiers}
+    assert responses_usage({"usage": responses}) == Usage(120, 96, 32)
+    spilled = {**chat, "cached_tokens_by_tier": {"ram": 32, "disk": 32, "peer": 32}}
+    assert openai_usage({"usage": spilled}) == Usage(120, 96, 32, 32)  # copied from a peer
+    for bad in ({"ram": 64, "disk": 0}, {"ram": 64, "disk": -32}, {"ram": "64", "disk": 32}, []):
+        wrong = {**chat, "cached_tokens_by_tier": bad}
+        assert openai_usage({"usage": wrong}) == Usage(120, 96, None)  # ignored, not trusted
 
 
 def test_stream_progress_holds_back_only_the_opening() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tracemalloc
 
 import httpx
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from warmfleet_common.chunking import plan_chunks, root_key
 from warmfleet_common.wire import CacheEventLine, parse_event_line
 from warmfleet_router.backend import Backend, BackendSpec
-from warmfleet_router.index import BlockIndex
+from warmfleet_router.index import ENTRY_BYTES, BlockIndex, TierHit
 from warmfleet_router.keys import RequestBlocks
 from warmfleet_router.sync import BackendSync, ResyncNeeded, SyncOptions
 
@@ -267,3 +268,103 @@ def test_requests_in_prefill_together_that_could_share_an_unheld_block_contend()
     # Nothing in common beyond what is held: no contention.
     four = index.take_off("a", blocks([1, 2, 3, 4, 9, 9, 9, 9]))
     assert not four.contended and not three.contended
+
+
+# -- tiers: where each block lives on a daemon with a disk tier ----------------------------
+
+
+def tiered(seq: int, kind: str, key: bytes, tier: str, logits: bool = False) -> CacheEventLine:
+    return wire({**event(seq, kind, key, logits), "tier": tier})
+
+
+def test_a_block_evicted_from_ram_that_the_disk_holds_becomes_a_disk_block() -> None:
+    sync, _, index = make_sync()
+    a, b, c = REQUEST.keys[:3]
+    for seq, (kind, key, tier) in enumerate(
+        [
+            ("stored", a, "ram"),
+            ("stored", b, "ram"),
+            ("stored", c, "ram"),
+            ("stored", a, "disk"),  # written behind
+            ("stored", b, "disk"),
+            ("evicted", a, "ram"),  # RAM let a go: still on disk
+            ("evicted", c, "ram"),  # c never reached the disk: gone
+        ],
+        start=11,
+    ):
+        sync.apply(tiered(seq, kind, key, tier))
+    assert index.tiers("a", a) == {"disk"} and index.tiers("a", b) == {"ram", "disk"}
+    assert index.tiers("a", c) == frozenset()
+    assert index.predict_tiers("a", REQUEST) == TierHit(ram=4, disk=4)  # a from disk, b RAM
+    sync.apply(tiered(18, "evicted", a, "disk"))  # the disk's own LRU let it go too
+    assert index.predict_tiers("a", REQUEST) == TierHit()
+    sync.apply(tiered(19, "stored", a, "ram"))  # read back (or computed again)
+    assert index.predict_tiers("a", REQUEST) == TierHit(ram=8)
+
+
+def test_a_snapshot_says_which_ram_blocks_the_disk_holds_too() -> None:
+    """A snapshot lists each block's fastest tier, and `on_disk` when the disk also holds
+    it: a RAM eviction after the snapshot leaves such a block on disk."""
+    served: dict[str, object] = {}
+    a, b, c = REQUEST.keys[:3]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/cache/snapshot":
+            blocks_now = [
+                {"key": a.hex(), "tier": "ram", "on_disk": True},
+                {"key": b.hex(), "tier": "ram"},  # not written yet
+                {"key": c.hex(), "tier": "disk", "on_disk": True},  # only the disk has it
+            ]
+            return httpx.Response(
+                200, json={"epoch": "e1", "seq": 7, "fingerprint": None, "blocks": blocks_now}
+            )
+        served["other"] = request.url.path
+        return httpx.Response(404)
+
+    async def scenario() -> BlockIndex:
+        index = BlockIndex()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            backend = Backend(BackendSpec("a", "http://a"))
+
+            async def no_layout(_: object) -> None:
+                return None
+
+            sync = BackendSync(backend, client, index, no_layout, SyncOptions())
+            await sync._resync()
+            assert backend.seq == 7
+            sync.apply(tiered(8, "evicted", a, "ram"))
+            sync.apply(tiered(9, "evicted", b, "ram"))
+        return index
+
+    index = asyncio.run(scenario())
+    assert index.tiers("a", a) == {"disk"} and index.tiers("a", c) == {"disk"}
+    assert index.tiers("a", b) == frozenset()  # RAM-only: gone
+    assert index.predict_tiers("a", REQUEST) == TierHit(disk=4)
+
+
+def test_tokens_by_tier_follow_the_fastest_tier_of_each_block_in_the_run() -> None:
+    index = BlockIndex()
+    a, b, c, last = REQUEST.keys
+    index.load_snapshot("a", [(a, False, {"ram", "disk"}), (b, False, {"disk"}), (c, False)])
+    index.stored("a", last, True, "disk")
+    hit = index.predict_tiers("a", REQUEST)
+    assert hit == TierHit(ram=8, disk=6) and hit.total == index.predict("a", REQUEST) == 14
+    index.routed("plain", REQUEST)  # history estimates say nothing of tiers: RAM
+    assert index.predict_tiers("plain", REQUEST) == TierHit(ram=14)
+
+
+def test_entries_with_tiers_stay_within_their_budgeted_bytes() -> None:
+    """ENTRY_BYTES still holds with the tiers in each entry (packed in a small int)."""
+    count = 20_000
+    index = BlockIndex()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(count):
+        key = bytes.fromhex(f"{i:032x}")  # as an event's key arrives
+        index.stored("a", key, i % 2 == 0, "ram")
+        if i % 3 == 0:
+            index.stored("a", key, i % 2 == 0, "disk")
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert index.entries() == count
+    assert used <= count * ENTRY_BYTES

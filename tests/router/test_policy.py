@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from warmfleet_router.policy import Candidate, capacity, choose, eligible, rendezvous
+from warmfleet_common.cache_layout import TierCosts
+from warmfleet_router.policy import (
+    Candidate,
+    bands,
+    capacity,
+    choose,
+    eligible,
+    rendezvous,
+)
 
 
 def fleet(*loads: int, cached: tuple[int, ...] = ()) -> list[Candidate]:
@@ -99,3 +107,101 @@ def test_session_policy_hashes_the_affinity_key_with_bounded_load() -> None:
 def test_no_candidates_is_an_error() -> None:
     with pytest.raises(ValueError):
         choose("prefix", [])
+
+
+# -- tiers: the prefill time a backend's cache would save --------------------------------
+
+# Per token: a RAM hit saves 99 us, a disk hit 69 us (read 30 + restore 1).
+MAC = TierCosts(
+    prefill_us_per_token=100.0,
+    ram_restore_us_per_token=1.0,
+    disk_read_us_per_token=30.0,
+    kv_bytes_per_token=46080,
+)
+
+
+def tiered(name: str, load: int, ram: int = 0, disk: int = 0, **costs: object) -> Candidate:
+    """A backend with MAC's costs (some replaced) and a predicted hit by tier."""
+    return Candidate(name, load, ram + disk, disk_tokens=disk, costs=MAC.model_copy(update=costs))
+
+
+def test_a_ram_hit_beats_a_disk_hit_beats_a_miss() -> None:
+    backends = [tiered("miss", 1), tiered("disk", 1, disk=640), tiered("ram", 1, ram=640)]
+    d = choose("prefix", backends)
+    assert (d.backend, d.reason, d.predicted) == ("ram", "prefix", 640)
+    assert d.fallbacks == ("disk", "miss")
+    d = choose("prefix", backends[:2])
+    assert (d.backend, d.reason, d.predicted) == ("disk", "prefix", 640)
+
+
+def test_time_saved_not_tokens_decides() -> None:
+    # 640 tokens in RAM save 640 x 99 us; 800 on disk save 800 x 69 us: less.
+    d = choose("prefix", [tiered("disk", 0, disk=800), tiered("ram", 0, ram=640)])
+    assert (d.backend, d.predicted) == ("ram", 640)
+    # 400 in RAM and 400 on disk beat 400 in RAM alone.
+    d = choose("prefix", [tiered("ram", 0, ram=400), tiered("both", 0, ram=400, disk=400)])
+    assert (d.backend, d.predicted) == ("both", 800)
+    # A slow disk (its read costs more than a prefill) loses to a miss.
+    slow = tiered("slow-disk", 0, disk=640, disk_read_us_per_token=150.0)
+    d = choose("prefix", [slow, tiered("miss", 0)])
+    assert (d.backend, d.reason) == ("miss", "fallback")
+
+
+def test_the_load_filter_still_wins_over_a_ram_hit() -> None:
+    # Mean in-flight with this request: 8/4 = 2, cap ceil(1.25 x 2) = 3: "ram" (3) is full.
+    backends = [
+        tiered("ram", 3, ram=900),
+        tiered("disk", 2, disk=900),
+        tiered("small", 1, ram=100),
+        tiered("miss", 1),
+    ]
+    d = choose("prefix", backends)
+    assert (d.backend, d.reason, d.predicted) == ("disk", "load-spill", 900)
+    assert d.fallbacks == ("small", "miss", "ram")
+    assert choose("prefix", backends, epsilon=1.0).backend == "ram"
+
+
+def test_savings_within_a_fifth_are_equal_and_load_decides_then_the_faster_tier() -> None:
+    # Equal machines whose measured costs differ by noise, the same prefix in RAM.
+    noisy = [
+        tiered("a", 2, ram=512, prefill_us_per_token=104.0),
+        tiered("b", 1, ram=512, prefill_us_per_token=97.0),
+    ]
+    d = choose("prefix", noisy, epsilon=1.0)
+    assert (d.backend, d.reason) == ("b", "prefix")  # the less loaded, not the "slower"
+    picks = {
+        choose("prefix", [tiered(n, 0, ram=512, prefill_us_per_token=p) for n, p in
+                          (("a", 104.0), ("b", 97.0), ("c", 100.0))],
+               tie_key=bytes([i])).backend
+        for i in range(32)
+    }  # fmt: skip
+    assert picks == {"a", "b", "c"}  # equal work is spread, as with no costs at all
+    # A disk read that costs little (a fast SSD): RAM and disk hits save about as much.
+    ssd = {"disk_read_us_per_token": 5.0}
+    pair = [tiered("disk", 0, disk=640, **ssd), tiered("ram", 1, ram=640, **ssd)]
+    assert choose("prefix", pair, epsilon=1.0).backend == "disk"  # less loaded
+    pair = [tiered("disk", 1, disk=640, **ssd), tiered("ram", 1, ram=640, **ssd)]
+    assert choose("prefix", pair, epsilon=1.0).backend == "ram"  # equal load: RAM
+
+
+def test_bands_open_at_the_best_value_left() -> None:
+    assert bands([100, 95, 89, 85, 0, -5], 0.1) == [0, 0, -1, -1, -2, -3]
+    assert bands([], 0.1) == [] and bands([0, 0], 0.1) == [0, 0]
+
+
+def test_backends_without_costs_score_as_ram_hits_at_the_fleets_typical_saving() -> None:
+    old = Candidate("old", 0, 640)  # an older daemon: no costs, no tiers
+    d = choose("prefix", [old, tiered("disk", 0, disk=640)])
+    assert d.backend == "old"  # 640 x 99 us (the median RAM saving) beats 640 x 69 us
+    d = choose("prefix", [old, tiered("ram", 0, ram=900)])
+    assert d.backend == "ram"
+    # None has costs: tokens, exactly, as before tiers.
+    d = choose("prefix", [Candidate("a", 0, 300), Candidate("b", 0, 301, disk_tokens=301)])
+    assert (d.backend, d.predicted) == ("b", 301)
+
+
+def test_a_disk_hit_on_a_backend_that_cannot_read_its_disk_saves_nothing() -> None:
+    # Costs without a disk read (no disk tier at start) and disk tokens: priced at zero.
+    blind = tiered("blind", 0, disk=640, disk_read_us_per_token=None)
+    d = choose("prefix", [blind, tiered("small", 0, ram=32)])
+    assert d.backend == "small"

@@ -365,6 +365,18 @@ def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(router: Daemon
         d["predicted_cached_tokens"] or 0 for d in decisions
     )
     assert values["warmfleet_router_requests_total"] == len(status(router)["decisions"])
+    # By tier: the daemons' usage splits every cached token (all RAM here: no disk tier).
+    assert values["warmfleet_router_tier_hit_tokens_total"] == sum(
+        d["cached_tokens"] for d in decisions
+    )
+    assert values["warmfleet_router_predicted_tier_hit_tokens_total"] == sum(
+        d["predicted_cached_tokens"] or 0 for d in decisions
+    )
+    assert all(
+        d["predicted_by_tier"] == {"ram": d["predicted_cached_tokens"], "disk": 0, "peer": 0}
+        for d in decisions
+        if d["predicted_cached_tokens"] is not None
+    )
     assert values["warmfleet_router_index_resyncs_total"] == 3
     for where, expr in dashboard_queries():
         for name in metric_names(expr):
@@ -416,3 +428,50 @@ def test_a_stream_cut_after_its_first_byte_ends_with_an_error_event(
 def _serving(router: Daemon, daemon: Daemon) -> bool:
     backends = {b["name"]: b for b in status(router)["backends"]}
     return bool(backends[name_of(daemon)]["in_flight"])
+
+
+def test_a_session_pushed_to_the_disk_tier_is_predicted_and_served_from_disk(
+    tmp_path: Path,
+) -> None:
+    """A daemon whose RAM holds one long session: the next pushes it to its disk tier;
+    the router follows (RAM evictions of blocks the disk holds leave disk blocks), routes
+    the session back by time saved, predicts its disk tokens and counts them as served
+    from disk (the daemon's usage says so)."""
+    daemon = start_daemon(
+        "--model", "tiny-random", "--block-size", "32", "--cache-memory-mb", "1",
+        "--cache-dir", str(tmp_path / "kv"), "--no-next-turn-prefill",
+        env={"WARMFLEET_ADMIN_TOKEN": TOKEN},
+    )  # fmt: skip
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    router = start_router("--backend", daemon.url, "--admin-token-file", str(token_file))
+    try:
+        client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+        costs = status(router)["backends"][0]["tier_costs"]
+        assert costs["disk_read_us_per_token"] > 0 and costs["prefill_us_per_token"] > 0
+
+        def session(topic: str) -> list[dict[str, str]]:
+            words = " ".join(f"{topic}{i}" for i in range(300))
+            return [SYSTEM, {"role": "user", "content": f"Summarize the {topic} log: {words}"}]
+
+        ask(client, session("alpha"))  # ~1,200 tokens: RAM (1 MiB) holds ~1,300
+        ask(client, session("beta"))
+        wait_for_events(router, 1.0)
+        r, _, reason = ask(client, session("alpha"))
+        decision = last_decision(router)
+        served = r.usage.model_extra["cached_tokens_by_tier"]
+        assert reason == "prefix" and served["disk"] > 0
+        assert decision["predicted_by_tier"]["disk"] > 0
+        assert decision["predicted_cached_tokens"] == served["ram"] + served["disk"]
+        text = httpx.get(f"{router.url}/metrics").text
+        tiers = {
+            (s.name, s.labels["warmfleet_cache_tier"]): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if "warmfleet_cache_tier" in s.labels
+        }
+        assert tiers[("warmfleet_router_tier_hit_tokens_total", "disk")] == served["disk"]
+        assert tiers[("warmfleet_router_predicted_tier_hit_tokens_total", "disk")] > 0
+    finally:
+        router.stop()
+        daemon.stop()

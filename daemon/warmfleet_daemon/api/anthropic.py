@@ -28,14 +28,15 @@ def tool_use_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
-def usage(request: gen.AgentRequest, used: Usage | None) -> dict[str, Any]:
+def usage(request: gen.AgentRequest, used: Usage | None, *, served: bool = True) -> dict[str, Any]:
     """Anthropic's usage: prompt = input_tokens (computed after the last breakpoint)
-    + cache_read_input_tokens + cache_creation_input_tokens."""
+    + cache_read_input_tokens + cache_creation_input_tokens; a served request's also
+    says which tier its cached tokens came from (a warmfleet extension)."""
     prompt = len(request.prompt.tokens)
     cached = used.cached_tokens if used else 0
     created = gen.cache_creation(request.breakpoints, cached)
     creation = sum(created.values())
-    return {
+    out: dict[str, Any] = {
         "input_tokens": prompt - cached - creation,
         "cache_creation_input_tokens": creation,
         "cache_read_input_tokens": cached,
@@ -45,6 +46,9 @@ def usage(request: gen.AgentRequest, used: Usage | None) -> dict[str, Any]:
         },
         "output_tokens": used.completion_tokens if used else 0,
     }
+    if served and used is not None:
+        out["cached_tokens_by_tier"] = gen.tiers_of(used)
+    return out
 
 
 def estimated_usage(ready: Ready, request: gen.AgentRequest) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def estimated_usage(ready: Ready, request: gen.AgentRequest) -> dict[str, Any]:
     chunks = ready.engine.plan(request.prompt)
     held = ready.engine.cache.match(chunks).tokens if chunks else 0
     held = min(held, len(request.prompt.tokens) - 1)  # the last token is always computed
-    return usage(request, Usage(len(request.prompt.tokens), 0, max(held, 0)))
+    return usage(request, Usage(len(request.prompt.tokens), 0, max(held, 0)), served=False)
 
 
 def block_of(piece: Piece, thinking_shown: bool) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from warmfleet_daemon.api.output import (
     thinking_markers,
 )
 from warmfleet_daemon.api.schemas import (
+    CacheTiers,
     ChatCompletionRequest,
     CompletionRequest,
     JsonSchemaFormat,
@@ -208,7 +209,15 @@ def usage_info(usage: Usage | None) -> UsageInfo:
         completion_tokens=u.completion_tokens,
         total_tokens=u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
+        cached_tokens_by_tier=CacheTiers(**tiers_of(u)),
     )
+
+
+def tiers_of(usage: Usage) -> dict[str, int]:
+    """`usage.cached_tokens_by_tier` (every API's usage carries it: the router counts
+    served hits by tier from it)."""
+    ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
+    return {"ram": ram, "disk": usage.disk_tokens, "peer": usage.peer_tokens}
 
 
 @dataclass
@@ -290,7 +299,11 @@ def total_usage(finals: Sequence[Event]) -> Usage:
     if not usages:
         return Usage(0, 0, 0)
     return Usage(
-        usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens
+        usages[0].prompt_tokens,
+        sum(u.completion_tokens for u in usages),
+        usages[0].cached_tokens,
+        usages[0].disk_tokens,
+        usages[0].peer_tokens,
     )
 
 

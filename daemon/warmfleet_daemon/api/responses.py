@@ -84,6 +84,7 @@ def usage(
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": min(thought, output)},
         "total_tokens": prompt + output,
+        **({"cached_tokens_by_tier": gen.tiers_of(used)} if used else {}),
     }
 
 

@@ -72,12 +72,13 @@ async def snapshot(ready: ReadyDep) -> CacheSnapshot:
     blocks, (seq, on_disk) = await run_in_threadpool(ready.engine.cache.snapshot, current)
     found = await run_in_threadpool(layout_of, ready.engine)
     in_ram = {b.key for b in blocks}
+    disk_keys = {e.key for e in on_disk}
     return CacheSnapshot(
         epoch=events.epoch,
         seq=seq,
         fingerprint=found.fingerprint,
         blocks=[
-            *(events.block_wire(b) for b in blocks),
+            *(events.block_wire(b, b.key in disk_keys) for b in blocks),
             *(disk_block(e) for e in sorted(on_disk, key=lambda e: e.end) if e.key not in in_ram),
         ],
     )
@@ -92,6 +93,7 @@ def disk_block(entry: DiskEntry) -> SnapshotBlock:
         end=entry.end,
         logits=entry.logits,
         tier="disk",
+        on_disk=True,
     )
 
 

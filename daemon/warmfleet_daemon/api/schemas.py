@@ -141,11 +141,22 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
+class CacheTiers(BaseModel):
+    """A warmfleet extension to usage: the cached prompt tokens by the tier they came
+    from (restored from RAM, read back from the disk tier, or copied from a peer daemon
+    on a spill)."""
+
+    ram: int
+    disk: int
+    peer: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    cached_tokens_by_tier: CacheTiers | None = None
 
 
 class FunctionCall(BaseModel):

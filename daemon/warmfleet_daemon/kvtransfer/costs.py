@@ -5,15 +5,15 @@ The router weighs a RAM hit against a disk hit against a miss with these figures
 prefill chunk of `block_size` tokens through the model's forward (as the engine computes
 one), a restore of that block's KV into fresh caches (`kv.restore`, as a prefix hit is
 restored), and that block written in the disk tier's format in its directory and read
-back as the disk tier reads it. Each is timed a few times within a small budget and the
-median kept; the first pass of each is untimed (a warm-up).
+back as the disk tier reads it. Each is timed up to _RUNS times within a small budget
+and the fastest kept; the first pass of each is untimed (a warm-up).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +32,7 @@ from warmfleet_daemon.regular_files import descriptor_path, open_regular
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 1.5  # the whole measurement, at most about this long
-_RUNS = 5  # timed runs of each path, fewer when the budget runs out
+_RUNS = 20  # timed runs of each path at most, fewer when the budget runs out
 
 
 def measure_tier_costs(
@@ -62,8 +62,8 @@ def measure_tier_costs(
         caches = kv.restore(blocks, fresh(), size)
         mx.eval(kv.cache_arrays(caches))
 
-    prefill_s = _median_time(prefill, share)
-    restore_s = _median_time(restore, share)
+    prefill_s = _fastest_time(prefill, share)
+    restore_s = _fastest_time(restore, share)
     disk_s = None
     if disk_directory is not None:
         disk_s = _disk_read_time(codec, blocks[0], chunk, disk_directory, share)
@@ -75,7 +75,7 @@ def measure_tier_costs(
         kv_bytes_per_token=max(1, codec.kv_bytes_per_token()),
     )
     log.info(
-        "Tier costs per token (a %d-token block, medians): prefill %.1f us, RAM restore "
+        "Tier costs per token (a %d-token block, fastest runs): prefill %.1f us, RAM restore "
         "%.2f us, disk read %s, %d KV bytes",
         size,
         costs.prefill_us_per_token,
@@ -88,19 +88,22 @@ def measure_tier_costs(
     return costs
 
 
-def _median_time(run: Callable[[], None], budget_s: float) -> float:
-    """The median of up to _RUNS timed runs after a warm-up run, within `budget_s` (the
-    warm-up alone when it took the whole budget: a large model on a slow machine)."""
+def _fastest_time(run: Callable[[], None], budget_s: float) -> float:
+    """The fastest of up to _RUNS timed runs after a warm-up run, within `budget_s` (the
+    warm-up alone when it took the whole budget: a large model on a slow machine). The
+    fastest, not the median: other processes only ever slow a run down."""
     started = time.perf_counter()
     run()
     if time.perf_counter() - started >= budget_s:
         return time.perf_counter() - started
-    times: list[float] = []
-    while len(times) < _RUNS and (not times or time.perf_counter() - started < budget_s):
+    best = math.inf
+    for _ in range(_RUNS):
         t0 = time.perf_counter()
         run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - started >= budget_s:
+            break
+    return best
 
 
 def _disk_read_time(
@@ -119,7 +122,7 @@ def _disk_read_time(
                 codec.from_file(descriptor_path(fd, path), chunk)  # evaluated and checked
             _drop_from_page_cache(path)
 
-        return _median_time(read, budget_s)
+        return _fastest_time(read, budget_s)
     except Exception as exc:
         log.warning("Could not measure the disk tier's read cost in %s: %s", directory, exc)
         return None

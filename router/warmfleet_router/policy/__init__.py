@@ -2,15 +2,18 @@
 
 A policy is composed of pieces, as the Gateway API Inference Extension's scheduler is:
 filters narrow the candidates (ready, serves the model, bounded load, session pin),
-scorers rank them (cached tokens, load, session-key hash, a hash of the request,
-round-robin turn), a picker picks and orders the fallbacks. `prefix` (the default):
-most predicted cached tokens, subject to bounded load (consistent hashing with bounded
-loads: no backend may take a request that would put it above ceil((1 + epsilon) x the
-mean in-flight count)); ties by load, then by a rendezvous hash of the request so equal
-candidates share new work. A session key keeps a session where it is while that
-backend is eligible. `round-robin`, `least-load` and `session` (rendezvous hash of the
-session key) exist to compare against. New routing ideas (time saved per cache tier,
-agent session keys) are new pieces in `compose.build`.
+scorers rank them (prefill time saved by the cache, cached tokens, load, session-key
+hash, a hash of the request, round-robin turn), a picker picks and orders the
+fallbacks. `prefix` (the default): the most prefill time saved by the backend's cache
+(its predicted cached tokens by tier, RAM or disk, priced with the costs it measured;
+cached tokens where no backend published costs), subject to bounded load (consistent
+hashing with bounded loads: no backend may take a request that would put it above
+ceil((1 + epsilon) x the mean in-flight count)); ties (savings within a fifth) by load,
+then the larger share in RAM, then a rendezvous hash of the request so equal
+candidates share new work. A session key keeps a session
+where it is while that backend is eligible. `round-robin`, `least-load` and `session`
+(rendezvous hash of the session key) exist to compare against. New routing ideas are
+new pieces in `compose.build`.
 """
 
 from warmfleet_router.policy.compose import (
@@ -45,11 +48,15 @@ from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
 from warmfleet_router.policy.scorers import (
     AffinityHash,
     CachedTokens,
+    FasterTier,
     LeastLoad,
     RoundRobin,
     Scorer,
     TieHash,
+    TimeSaved,
+    bands,
     rendezvous,
+    saved_us,
 )
 
 __all__ = [
@@ -62,6 +69,7 @@ __all__ = [
     "CachedTokens",
     "Candidate",
     "Decision",
+    "FasterTier",
     "Filter",
     "LeastLoad",
     "ModelNotFound",
@@ -79,10 +87,13 @@ __all__ = [
     "ServesModel",
     "SessionPin",
     "TieHash",
+    "TimeSaved",
     "admit",
+    "bands",
     "build",
     "capacity",
     "choose",
     "eligible",
     "rendezvous",
+    "saved_us",
 ]

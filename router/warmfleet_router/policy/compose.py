@@ -3,11 +3,14 @@ scheduler shape), and the four policies are compositions of the same pieces:
 
 | policy | filters | scorers (ties go to the next) | picker |
 |---|---|---|---|
-| `prefix` | bounded load, session pin | cached tokens, load, request hash | best |
+| `prefix` | bounded load, session pin | time saved, load, faster tier, request hash | best |
 | `least-load` | | load, request hash | best |
 | `round-robin` | | name order from the turn | best |
 | `session` | bounded load | session-key hash, load, request hash | ring |
 
+Time saved weighs each backend's predicted cached tokens by tier with the costs it
+measured (RAM beats disk beats a miss; savings within a fifth of each other are equal, so
+load decides, then the larger RAM share); without any costs it is cached tokens.
 Every policy first admits the backends that are ready and serve the request's model.
 The reason a decision gives: `session` when the session pin chose it, `load-spill`
 when a filter kept the best-ranked backend (or the session's) from it, else the first
@@ -31,11 +34,12 @@ from warmfleet_router.policy.model import (
 from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
 from warmfleet_router.policy.scorers import (
     AffinityHash,
-    CachedTokens,
+    FasterTier,
     LeastLoad,
     RoundRobin,
     Scorer,
     TieHash,
+    TimeSaved,
 )
 
 PolicyName = Literal["prefix", "round-robin", "least-load", "session"]
@@ -106,7 +110,7 @@ def build(name: PolicyName, epsilon: float = DEFAULT_EPSILON) -> Policy:
     if name == "prefix":
         return Policy(
             name,
-            (CachedTokens(), LeastLoad(), TieHash()),
+            (TimeSaved(), LeastLoad(), FasterTier(), TieHash()),
             (BoundedLoad(epsilon), SessionPin()),
         )
     if name == "least-load":

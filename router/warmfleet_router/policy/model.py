@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from warmfleet_common.cache_layout import TierCosts
+
 Reason = Literal[
     "prefix", "session", "load-spill", "failover", "fallback", "round-robin", "least-load"
 ]
@@ -19,9 +21,17 @@ class Candidate:
 
     name: str
     in_flight: int
-    cached_tokens: int = 0  # predicted
+    cached_tokens: int = 0  # predicted, in every tier
     ready: bool = True  # takes new requests (health checks, passive failures)
     models: frozenset[str] | None = None  # names it answers to; None: it has not said
+    # Of cached_tokens, those predicted on its disk tier and from a peer (the rest: RAM).
+    disk_tokens: int = 0
+    peer_tokens: int = 0
+    costs: TierCosts | None = None  # what a token costs it per tier; None: not said
+
+    @property
+    def ram_tokens(self) -> int:
+        return self.cached_tokens - self.disk_tokens - self.peer_tokens
 
     def serves(self, model: str) -> bool | None:
         return None if self.models is None else model in self.models

@@ -8,9 +8,11 @@ nothing to say about the pick (nothing cached, no session key) the decision is a
 from __future__ import annotations
 
 import hashlib
+import statistics
 from collections.abc import Sequence
 from typing import Protocol
 
+from warmfleet_common.cache_layout import TierCosts
 from warmfleet_router.policy.model import Candidate, Reason, RoutingRequest
 
 
@@ -40,6 +42,80 @@ class CachedTokens:
 
     def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
         return pick.cached_tokens > 0
+
+
+class TimeSaved:
+    """The prefill time the backend's cache would save the request, from the costs it
+    measured at start: RAM tokens x (prefill - RAM restore) + disk tokens x (prefill -
+    disk read - RAM restore: a block read from disk is then restored like a RAM one), so
+    a RAM hit beats a disk hit beats a miss. Disk tokens without a disk read cost and
+    peer tokens (not priced yet) save nothing. A backend that published no costs is
+    priced as its cached tokens in RAM at the median RAM saving of those that did.
+
+    Savings within `tolerance` of a better one count as equal (bands from the best
+    down), so load decides between them: measured costs carry a few percent of noise,
+    and equal machines holding the same prefix must share its requests, not send them
+    all to the one that happened to measure a slower prefill. When no backend published
+    costs, the score is cached tokens, exactly as `CachedTokens`."""
+
+    reason: Reason = "prefix"
+    needs_cache = True
+
+    def __init__(self, tolerance: float = 0.2) -> None:
+        self.tolerance = tolerance
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        known = [_ram_saving_us(c.costs) for c in candidates if c.costs is not None]
+        if not known:
+            return [c.cached_tokens for c in candidates]
+        typical = statistics.median(known)
+        return bands([saved_us(c, typical) for c in candidates], self.tolerance)
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return pick.cached_tokens > 0
+
+
+def bands(values: Sequence[float], tolerance: float) -> list[int]:
+    """Minus the band of each value: the best value opens band 0 and takes every value
+    within `tolerance` (relative) of it, the best value left opens band 1, and so on."""
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    out = [0] * len(values)
+    band, top = -1, 0.0
+    for i in order:
+        if band < 0 or values[i] < top - abs(top) * tolerance:
+            band, top = band + 1, values[i]
+        out[i] = -band
+    return out
+
+
+class FasterTier:
+    """More of the hit in RAM is better: between backends whose savings count as equal
+    (and equally loaded), the one that restores rather than reads from disk."""
+
+    reason: Reason = "prefix"
+    needs_cache = True
+
+    def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
+        return [c.ram_tokens for c in candidates]
+
+    def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
+        return pick.cached_tokens > 0
+
+
+def saved_us(candidate: Candidate, typical_ram_saving_us: float) -> float:
+    """Microseconds of prefill the candidate's predicted hit saves (see TimeSaved)."""
+    costs = candidate.costs
+    if costs is None:
+        return candidate.cached_tokens * typical_ram_saving_us
+    saved = candidate.ram_tokens * _ram_saving_us(costs)
+    if costs.disk_read_us_per_token is not None:
+        disk_cost = costs.disk_read_us_per_token + costs.ram_restore_us_per_token
+        saved += candidate.disk_tokens * (costs.prefill_us_per_token - disk_cost)
+    return saved
+
+
+def _ram_saving_us(costs: TierCosts) -> float:
+    return costs.prefill_us_per_token - costs.ram_restore_us_per_token
 
 
 class LeastLoad:

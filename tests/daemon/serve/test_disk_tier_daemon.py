@@ -53,7 +53,12 @@ def test_a_restarted_daemon_resumes_a_session_from_disk(tmp_path: Path) -> None:
         snapshot = httpx.get(f"{second.url}/v1/cache/snapshot", timeout=30).json()
         tiers = {b["tier"] for b in snapshot["blocks"]}
         assert tiers == {"disk"} and len(snapshot["blocks"]) >= 3  # before any request
+        assert all(b["on_disk"] for b in snapshot["blocks"])
         after = chat(second.url)
+        # Read back into RAM, still on disk: a RAM eviction leaves them disk blocks.
+        snapshot = httpx.get(f"{second.url}/v1/cache/snapshot", timeout=30).json()
+        in_ram = [b for b in snapshot["blocks"] if b["tier"] == "ram"]
+        assert in_ram and any(b["on_disk"] for b in in_ram)
         status = httpx.get(f"{second.url}/v1/status", timeout=10).json()
     finally:
         second.stop()
@@ -61,6 +66,8 @@ def test_a_restarted_daemon_resumes_a_session_from_disk(tmp_path: Path) -> None:
     prompt = after["usage"]["prompt_tokens"]
     cached = after["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= prompt - 32  # all but the last block at most
+    tiers = after["usage"]["cached_tokens_by_tier"]  # where they came from: the disk
+    assert tiers["disk"] > 0 and tiers["ram"] + tiers["disk"] == cached
     assert status["disk_tier"]["read_blocks"] > 0
 
 
