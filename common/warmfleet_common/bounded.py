@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
@@ -64,6 +65,28 @@ async def get(
         with anyio.fail_after(deadline):  # asyncio.timeout is Python 3.11+
             async with client.stream(
                 "GET", url, headers=headers, params=params, timeout=deadline
+            ) as r:
+                return Answer(r.status_code, await read_body(r, limit), r.headers)
+    except TimeoutError as exc:
+        if isinstance(exc, TooSlow):
+            raise
+        raise TooSlow(f"{httpx.URL(url).path}: no whole answer within {deadline:g}s") from exc
+
+
+async def post(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    json: Any,
+    limit: int,
+    deadline: float,
+    headers: Mapping[str, str] | None = None,
+) -> Answer:
+    """POST `json` to `url`, its answer whole within `deadline` seconds and `limit` bytes."""
+    try:
+        with anyio.fail_after(deadline):
+            async with client.stream(
+                "POST", url, json=json, headers=headers, timeout=deadline
             ) as r:
                 return Answer(r.status_code, await read_body(r, limit), r.headers)
     except TimeoutError as exc:

@@ -12,6 +12,8 @@ field, never a `KeyError` deep in a background task.
   stream when the events asked for are gone: resync from a snapshot.
 - `GET /v1/cache/snapshot` (admin): `CacheSnapshot`, every stored block and the event
   number it is current at.
+- `POST /v1/cache/pull` (admin): `CachePull` in, `CachePullResult` out (a drain
+  handoff: copy a chain of blocks from a peer daemon).
 - `GET /v1/models` (any OpenAI server's, the daemon's too): `ModelList`, the part a
   router reads (ids, and vLLM's and the daemon's `max_model_len`).
 - `GET /v1/status`: `DaemonStatus`, typed in the parts other components read (the model
@@ -190,6 +192,9 @@ class DaemonStatus(_Wire):
 
     version: str | None = None
     instance_id: str | None = Field(None, description="a fresh one per daemon process")
+    state: Literal["serving", "draining"] | None = Field(
+        None, description="draining: stopping after a SIGTERM (--drain-seconds), still serving"
+    )
     started_at: str | None = None
     model: StatusModel | None = None
     engine: dict[str, Any] | None = None
@@ -207,3 +212,35 @@ class DaemonStatus(_Wire):
     kv_transfer: dict[str, Any] | None = None
     warm_set_counts: WarmSetCounts | None = None
     diagnostics: dict[str, Any] | None = None
+
+
+# -- POST /v1/cache/pull (admin) ------------------------------------------------------
+
+
+class PullBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: BlockHex
+    start: Tokens
+    end: Tokens
+
+
+class CachePull(BaseModel):
+    """A drain handoff: the router asks the daemon a session will move to for that
+    session's chain of blocks from the daemon that is leaving (`peer`). Blocks in chain
+    order, the first a chain root; what the daemon holds already is not copied."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peer: str = Field(max_length=2048, description="the peer's base URL (http or https)")
+    blocks: list[PullBlock] = Field(min_length=1, max_length=4096)
+    deadline_s: float = Field(30.0, gt=0, le=600, description="then the copy stops")
+
+
+class CachePullResult(_Wire):
+    present_blocks: Tokens  # held already (not copied)
+    copied_blocks: Tokens
+    copied_tokens: Tokens
+    copied_bytes: Tokens
+    seconds: float
+    complete: bool  # every block of the chain is held now

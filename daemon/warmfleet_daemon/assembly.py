@@ -76,6 +76,8 @@ class DaemonState:
     started_at: float = field(default_factory=time.time)
     # New on every start: lets the operator tell a restarted daemon (sets lost) at once.
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Set by a SIGTERM (drain.py): when the daemon stops; until then it still serves.
+    draining_until: float | None = None
     _thread: threading.Thread | None = None
 
     def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
@@ -116,6 +118,8 @@ class DaemonState:
             peer_deadline_s=settings.warm_from_deadline_s,
             cache_dir=settings.resolved_cache_dir(),
             cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
+            spill=settings.spill,
+            spill_deadline_s=settings.spill_deadline_s,
         )
         if transfer.disk is not None:  # the disk tier's blocks are events too (tier "disk")
             transfer.disk.listeners.append(
@@ -127,6 +131,7 @@ class DaemonState:
         # probe already ran every path once.
         disk = transfer.disk if transfer.disk and transfer.disk.stats().state == "on" else None
         costs = measure_tier_costs(engine, transfer.codec, disk.directory if disk else None)
+        transfer.spill.costs = costs  # what a spill's copy is weighed against
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
@@ -160,6 +165,7 @@ class DaemonState:
         telemetry.observe_warm_sets(warm)
         if transfer.disk is not None:
             telemetry.observe_disk_tier(transfer.disk)
+        telemetry.observe_spill(transfer.spill)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()

@@ -5,6 +5,7 @@ side of the `warmfleet` command line, which imports this module only for these."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -136,6 +137,26 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "then the rest is prefilled (default 120)",
     )
     p.add_argument(
+        "--spill",
+        choices=["auto", "always", "off"],
+        help="a request the router sent here naming the daemon that holds its blocks: copy "
+        "them from it when estimated faster than prefill (auto, the default), always, or never",
+    )
+    p.add_argument(
+        "--spill-deadline",
+        type=float,
+        metavar="S",
+        dest="spill_deadline_s",
+        help="the longest one spill copy may take, then the rest is prefilled (default 30)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        metavar="S",
+        help="on SIGTERM, answer /readyz 'draining' and keep serving this long so the router "
+        "moves this daemon's sessions to others (default 10; 0: stop at once)",
+    )
+    p.add_argument(
         "--max-state-mb", type=int, metavar="N", help="bound on the state file (default 64)"
     )
     p.add_argument(
@@ -160,6 +181,7 @@ def serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
+    from warmfleet_daemon.drain import DrainingServer
     from warmfleet_daemon.kvtransfer.snapshots import check_directory as check_snapshot_directory
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.node.cli import register_if_asked
@@ -225,14 +247,18 @@ def serve(args: argparse.Namespace) -> int:
     # Python's default 5 ms the event loop and other threads kept it waiting (c=8 decode
     # over HTTP: 91-98 tok/s at 5 ms, 113-117 at 0.2 ms, docs/PERFORMANCE.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
-    return 0
+    server = DrainingServer(config, app.state.daemon, settings.drain_seconds)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
+        server.run()
+    return 0 if server.started else 3  # uvicorn's exit code when it could not start
 
 
 def convert(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -133,6 +134,26 @@ class DaemonSettings(BaseSettings):
         le=3600,
         description="time to copy one warm prompt's blocks from its peers; then the rest is "
         "prefilled",
+    )
+
+    spill: Literal["auto", "always", "off"] = Field(
+        "auto",
+        description="a request the router sent here from the daemon holding its blocks: copy "
+        "them from it when that is estimated faster than prefill (auto), always, or never",
+    )
+    spill_deadline_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="the longest a spill copy may take; in auto, also at most the time the "
+        "prefill was estimated to take (then the rest is prefilled)",
+    )
+    drain_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="on SIGTERM: answer /readyz 'draining' and keep serving (peers copy this "
+        "daemon's sessions away) this long before stopping",
     )
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from warmfleet_common import __version__, otel
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
+from warmfleet_daemon.kvtransfer.spill import PeerSpill
 from warmfleet_daemon.warming import WarmManager
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class Telemetry(otel.Metrics):
             "warmfleet.prefix_cache.tier.hit_tokens",
             unit="{token}",
             description="Prompt tokens served from the prefix cache, by the tier they came "
-            "from (warmfleet.cache.tier: ram, disk)",
+            "from (warmfleet.cache.tier: ram, disk, peer: copied from a peer daemon on a spill)",
         )
         self._warmup = meter.create_histogram(
             "warmfleet.warmup.duration",
@@ -230,6 +231,27 @@ class Telemetry(otel.Metrics):
                 f"warmfleet.disk_tier.{name}", [read(field)], unit=unit, description=description
             )
 
+    def observe_spill(self, spill: PeerSpill) -> None:
+        """Spill copies from peers, read from their stats at collection."""
+        meter, base = self._meter, self._base
+
+        def read(field: str) -> _Callback:
+            return lambda _: [Observation(getattr(spill.stats(), field), base)]
+
+        counters = (
+            ("copies", "copies", "{copy}", "Spill copies started from a peer daemon"),
+            ("declined", "declined", "{copy}", "Spills prefilled: estimated slower, or busy"),
+            ("short", "short", "{copy}", "Copies that ended where the peer's blocks end"),
+            ("failed", "failed", "{copy}", "Copies the peer ended early (the rest prefilled)"),
+            ("blocks", "blocks", "{block}", "Blocks copied from peers and verified"),
+            ("copied", "bytes", "By", "Bytes copied from peers"),
+            ("time", "seconds", "s", "Time spent copying from peers (throughput: copied/this)"),
+        )
+        for name, field, unit, description in counters:
+            meter.create_observable_counter(
+                f"warmfleet.peer_spill.{name}", [read(field)], unit=unit, description=description
+            )
+
     def observe_warm_sets(self, manager: WarmManager) -> None:
         base = self._base
 
@@ -279,10 +301,10 @@ class Telemetry(otel.Metrics):
         self._input.add(usage.prompt_tokens, tokens)
         self._output.add(usage.completion_tokens, tokens)
         self._cache_read.add(usage.cached_tokens, tokens)
-        self._tier_hits.add(
-            usage.cached_tokens - usage.disk_tokens, {**self._base, "warmfleet.cache.tier": "ram"}
-        )
+        ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
+        self._tier_hits.add(ram, {**self._base, "warmfleet.cache.tier": "ram"})
         self._tier_hits.add(usage.disk_tokens, {**self._base, "warmfleet.cache.tier": "disk"})
+        self._tier_hits.add(usage.peer_tokens, {**self._base, "warmfleet.cache.tier": "peer"})
 
     def observe_warmup(self, namespace: str, name: str, state: str, seconds: float) -> None:
         self._warmup.record(

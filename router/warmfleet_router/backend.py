@@ -50,6 +50,9 @@ class Backend:
     # What could not be read from it lately and why (what -> reason), for the status.
     problems: dict[str, str] = field(default_factory=dict)
     last_change: float = field(default_factory=time.time)
+    # Its source dropped it (a WarmNode deleted): draining while its sessions are handed
+    # off, then gone. Its probes cannot make it ready again.
+    leaving: bool = False
 
     @property
     def name(self) -> str:
@@ -72,6 +75,8 @@ class Backend:
         return {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
 
     def set_health(self, health: Health, detail: str = "") -> None:
+        if self.leaving and health == "ready":
+            health, detail = "draining", "removed from the fleet: handing its sessions off"
         if health != self.health:
             self.last_change = time.time()
         self.health, self.health_detail = health, detail

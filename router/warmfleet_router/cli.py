@@ -69,6 +69,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--health-interval", type=float, default=2.0, help="seconds between /readyz probes"
     )
     p.add_argument(
+        "--handoff-sessions",
+        type=int,
+        default=16,
+        help="when a backend drains (SIGTERM, or its WarmNode deleted): how many of its most "
+        "recent sessions the backends they move to copy from it (0: none)",
+    )
+    p.add_argument(
+        "--handoff-seconds",
+        type=float,
+        default=20.0,
+        help="the time a drain's whole handoff may take; then the rest prefill when they return",
+    )
+    p.add_argument(
         "--namespace",
         default=os.environ.get("WARMFLEET_NAMESPACE", "default"),
         help="--from-cluster: where Secrets without a namespace are",
@@ -96,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 0:
             print(f"warmfleet router: --{name.replace('_', '-')} must be >= 0")
             return 2
+    if args.handoff_sessions < 0 or args.handoff_seconds <= 0:
+        print("warmfleet router: --handoff-sessions must be >= 0 and --handoff-seconds > 0")
+        return 2
     if args.request_timeout <= 0:
         print("warmfleet router: --request-timeout must be > 0")
         return 2
@@ -136,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         sessions_budget_bytes=args.sessions_mb << 20,
         key_workers=args.key_workers,
         admin_token=token,
+        handoff_sessions=args.handoff_sessions,
+        handoff_seconds=args.handoff_seconds,
     )
     app = create_app(source, options)
     print(

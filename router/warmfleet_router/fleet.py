@@ -19,6 +19,7 @@ import httpx
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
+from warmfleet_router.handoff import HotSession, HotSessions, hand_off
 from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
 from warmfleet_router.index import BlockIndex, Flight, TierHit
 from warmfleet_router.keys import (
@@ -69,6 +70,10 @@ class RouterOptions:
     key_workers: int = 0  # processes that prepare requests; 0: threads of this one
     # The daemons' admin token, also asked of callers of the status's detail.
     admin_token: str | None = field(default=None, repr=False)
+    # A draining backend's hottest sessions copied to where they go next: how many, and
+    # the time the whole handoff may take (then the rest prefill when they come back).
+    handoff_sessions: int = 16
+    handoff_seconds: float = 20.0
 
 
 @dataclass
@@ -84,6 +89,10 @@ class Plan:
     # (the router's own routing, and warm sets), "resyncing" (nothing yet).
     sources: dict[str, str] = field(default_factory=dict)
     flights: dict[str, Flight] = field(default_factory=dict)  # per backend tried
+    # Cached tokens predicted on every backend a spill may copy from (ready or draining,
+    # in the same key space): where the request's blocks are, whoever serves it.
+    holders: dict[str, int] = field(default_factory=dict)
+    peers: dict[str, str] = field(default_factory=dict)  # per backend tried: its spill peer
 
 
 class Fleet:
@@ -104,6 +113,9 @@ class Fleet:
         self.policy = build(options.policy, options.epsilon)
         self.session_keys = SessionKeys(options.session_keys)
         self._sessions = SessionTable(budget_bytes=options.sessions_budget_bytes)
+        self.hot = HotSessions()
+        self._handoffs: dict[str, asyncio.Task[None]] = {}
+        self.handoffs: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._turn = 0
         self._secret = os.urandom(16)  # keys the session hashes the status shows
@@ -116,7 +128,21 @@ class Fleet:
         """Make the backend set exactly `specs` (new ones start syncing, gone ones stop)."""
         wanted = {s.name: s for s in specs}
         for name in list(self.backends):
-            if name not in wanted or wanted[name] != self.backends[name].spec:
+            backend = self.backends[name]
+            if name in wanted and backend.leaving:  # back in the fleet: it stays
+                task = self._handoffs.pop(name, None)
+                if task is not None:
+                    task.cancel()
+                backend.leaving = False
+                backend.set_health("unknown", "back in the fleet")
+            if name not in wanted and not backend.leaving and self._should_hand_off(backend):
+                backend.leaving = True  # removed once its sessions are handed off
+                backend.set_health("draining")
+                if name not in self._handoffs:  # (one may run already: a SIGTERM's)
+                    self._start_handoff(backend)
+            elif (name not in wanted and not backend.leaving) or (
+                name in wanted and wanted[name] != backend.spec
+            ):
                 await self._remove(name)
         for name, spec in wanted.items():
             if name in self.backends:
@@ -131,6 +157,7 @@ class Fleet:
                     self.options.sync,
                     self.metrics.index_event,
                     self.metrics.read_error,
+                    self._draining,
                 )
                 self.backends[name], self._syncs[name] = backend, sync
                 self.metrics.backend_added(backend)
@@ -139,6 +166,9 @@ class Fleet:
 
     async def _remove(self, name: str) -> None:
         log.info("backend %s removed", name)
+        task = self._handoffs.pop(name, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
         sync = self._syncs.pop(name)
         self.backends.pop(name)
         await sync.stop()
@@ -158,6 +188,8 @@ class Fleet:
         await asyncio.gather(*(s.first_check(timeout) for s in self._syncs.values()))
 
     async def close(self) -> None:
+        for task in list(self._handoffs.values()):
+            task.cancel()
         for name in list(self.backends):
             await self._remove(name)
         await self.pool.close()
@@ -246,8 +278,38 @@ class Fleet:
         decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
         sources = {b.name: _source(b) for b in backends}
+        holders = self._holders(prepared.blocks) if keyed else {}
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
-        return Plan(decision, blocks, affinity, arrived, predicted, hits, sources)
+        return Plan(decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders)
+
+    def _holders(self, keyed: Mapping[str, RequestBlocks]) -> dict[str, int]:
+        """Cached tokens predicted on each backend a peer copy may come from: ready or
+        draining (a draining daemon still serves its blocks), with a layout of its own."""
+        out: dict[str, int] = {}
+        for b in self.backends.values():
+            if b.health not in ("ready", "draining") or b.fingerprint is None:
+                continue
+            fingerprint = self._fingerprint_of(b)
+            request = keyed.get(fingerprint) if fingerprint != MESSAGE_KEYS else None
+            if request is not None and request.keys:
+                out[b.name] = self.index.predict(b.name, request)
+        return out
+
+    def spill_peer(self, plan: Plan, backend: Backend) -> Backend | None:
+        """The backend holding more of this request's blocks than `backend` does (the
+        most), in the same layout: the peer `backend` may copy them from. Only for a
+        backend the router can sign for (its admin token)."""
+        if not backend.spec.token or backend.fingerprint is None:
+            return None
+        here = plan.holders.get(backend.name, 0)
+        best: Backend | None = None
+        for name, tokens in plan.holders.items():
+            other = self.backends.get(name)
+            if other is None or name == backend.name or other.fingerprint != backend.fingerprint:
+                continue
+            if tokens > here and (best is None or tokens > plan.holders[best.name]):
+                best = other
+        return best
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
@@ -284,13 +346,15 @@ class Fleet:
             self.index.routed(backend.name, plan.blocks.get(backend.name, EMPTY))
             if plan.affinity:
                 self._sessions.served(plan.affinity, backend.name)
+                self.hot.served(plan.affinity, backend.name, plan.blocks.get(backend.name, EMPTY))
         source = plan.sources.get(backend.name, _source(backend))
         if source == "events" and flight is not None and flight.contended:
             source = "contended"
         hit = plan.tiers.get(backend.name)
         served = None
         if usage is not None and usage.disk_tokens is not None:
-            served = {"ram": usage.cached_tokens - usage.disk_tokens, "disk": usage.disk_tokens}
+            ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
+            served = {"ram": ram, "disk": usage.disk_tokens, "peer": usage.peer_tokens}
         self.metrics.request_finished(
             backend,
             reason,
@@ -306,6 +370,7 @@ class Fleet:
         self.decisions.append(
             {
                 "time": time.time(),
+                "peer": plan.peers.get(backend.name),
                 "arrived": time.time() - (time.monotonic() - plan.started),
                 "backend": backend.name,
                 "reason": reason,
@@ -328,6 +393,106 @@ class Fleet:
             return None
         # Decision time: by the end, the index holds what this request itself stored.
         return plan.predicted.get(backend.name)
+
+    # -- drain handoff ------------------------------------------------------------
+
+    def _should_hand_off(self, backend: Backend) -> bool:
+        reachable = backend.health in ("ready", "draining")
+        return (
+            reachable and self.options.handoff_sessions > 0 and bool(self.hot.on(backend.name, 1))
+        )
+
+    def _draining(self, backend: Backend) -> None:
+        """Its /readyz says draining (a SIGTERM): hand its hottest sessions off while it
+        still serves its blocks."""
+        if self.options.handoff_sessions > 0 and backend.name not in self._handoffs:
+            self._start_handoff(backend)
+
+    def _start_handoff(self, backend: Backend) -> None:
+        task = asyncio.create_task(self._hand_off(backend), name=f"handoff-{backend.name}")
+        self._handoffs[backend.name] = task
+
+    async def _hand_off(self, draining: Backend) -> None:
+        sessions = self.hot.on(draining.name, self.options.handoff_sessions)
+        started = time.monotonic()
+        try:
+            outcomes = await hand_off(
+                self.client,
+                draining,
+                sessions,
+                lambda s: self._next_backend(s, draining),
+                self.options.handoff_seconds,
+            )
+            for o in outcomes:
+                self.metrics.handoff(draining, o.outcome)
+                if o.outcome == "copied" and o.target is not None:
+                    self.hot.moved(o.session, o.target)
+                else:
+                    log.info(
+                        "handoff of a session from %s: %s (%s)", draining.name, o.outcome, o.detail
+                    )
+            copied = [o for o in outcomes if o.outcome == "copied"]
+            log.info(
+                "backend %s drains: %d of %d hot session(s) copied to the backends they go to "
+                "next (%d tokens) in %.1fs",
+                draining.name,
+                len(copied),
+                len(outcomes),
+                sum(o.copied_tokens for o in outcomes),
+                time.monotonic() - started,
+            )
+            self.handoffs.append(
+                {
+                    "time": time.time(),
+                    "backend": draining.name,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "sessions": [
+                        {
+                            "session": self._session_hash(o.session),
+                            "to": o.target,
+                            "outcome": o.outcome,
+                            "detail": o.detail,
+                            "copied_tokens": o.copied_tokens,
+                        }
+                        for o in outcomes
+                    ],
+                }
+            )
+        except Exception:  # never take the router down: the sessions just prefill
+            log.exception("the handoff of %s failed", draining.name)
+        finally:
+            if draining.leaving and self.backends.get(draining.name) is draining:
+                await self._remove(draining.name)
+            elif self._handoffs.get(draining.name) is asyncio.current_task():
+                del self._handoffs[draining.name]
+
+    def _next_backend(self, session: HotSession, draining: Backend) -> Backend | None:
+        """Where the policy sends the session's next request now that `draining` takes
+        none: among ready backends with its layout (the blocks' keys are theirs too)."""
+        ready = [
+            b
+            for b in self.usable()
+            if b.name != draining.name and b.fingerprint == draining.fingerprint
+        ]
+        if not ready or draining.fingerprint is None:
+            return None
+        hits = {b.name: self.index.predict_tiers(b.name, session.blocks) for b in ready}
+        candidates = [
+            Candidate(
+                b.name,
+                b.in_flight,
+                hits[b.name].total,
+                disk_tokens=hits[b.name].disk,
+                peer_tokens=hits[b.name].peer,
+                costs=b.costs,
+            )
+            for b in ready
+        ]
+        self._turn += 1
+        request = RoutingRequest(
+            tie_key=session.key.encode(), affinity=session.key, turn=self._turn
+        )
+        return self.backends.get(self.policy.decide(candidates, request).backend)
 
     # -- status -------------------------------------------------------------------
 
@@ -395,6 +560,7 @@ class Fleet:
             ],
             "sessions": len(self._sessions),
             "decisions": list(self.decisions)[::-1],
+            "handoffs": list(self.handoffs)[::-1],
         }
 
 

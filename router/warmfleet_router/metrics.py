@@ -81,6 +81,16 @@ class RouterMetrics(otel.Metrics):
             "warmfleet.router.failovers", "{request}",
             "Requests retried elsewhere, by the backend that failed",
         )  # fmt: skip
+        self._spills = counter(
+            "warmfleet.router.spills", "{request}",
+            "Requests sent away from the backend holding most of their blocks with that "
+            "backend named as the peer to copy them from, by backend and warmfleet.peer",
+        )  # fmt: skip
+        self._handoffs = counter(
+            "warmfleet.router.handoffs", "{session}",
+            "Sessions of a draining backend the router asked their next backend to copy, by "
+            "the draining backend and outcome (copied, failed, skipped)",
+        )  # fmt: skip
         self._resyncs = counter(
             "warmfleet.router.index.resyncs", "{resync}", "Index resyncs from a daemon snapshot"
         )
@@ -197,6 +207,12 @@ class RouterMetrics(otel.Metrics):
 
     def failover(self, backend: Backend) -> None:
         self._failovers.add(1, labels(backend))
+
+    def spill(self, backend: Backend, peer: Backend) -> None:
+        self._spills.add(1, {**labels(backend), "warmfleet.peer": peer.name})
+
+    def handoff(self, draining: Backend, outcome: str) -> None:
+        self._handoffs.add(1, {**labels(draining), "warmfleet.handoff.outcome": outcome})
 
     def index_event(self, backend: Backend, kind: str) -> None:
         if kind == "resync":  # its model (a label) may be known only now

@@ -21,7 +21,7 @@ import anyio
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
-from warmfleet_common import bounded
+from warmfleet_common import bounded, spill
 from warmfleet_router.backend import Backend
 from warmfleet_router.errors import error_response, invalid_request, routing_error, stream_error
 from warmfleet_router.fleet import Fleet, Plan
@@ -72,7 +72,12 @@ async def forward(
         return routing_error(exc, route.errors)
     except RequestInvalid as exc:
         return invalid_request(exc.invalid, route.errors)
-    upstream_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP}
+    # A client never names a spill peer: only the router does, signed (see _spill_headers).
+    upstream_headers = {
+        k: v
+        for k, v in headers.items()
+        if k.lower() not in _HOP and not k.lower().startswith(spill.HEADER_PREFIX)
+    }
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
     errors: list[str] = []
@@ -83,8 +88,9 @@ async def forward(
         failed = fleet.backends.get(attempts[0][0])
         if reason == "failover" and failed is not None:
             fleet.metrics.failover(failed)
+        sent = {**upstream_headers, **_spill_headers(fleet, plan, backend)}
         try:
-            return await _attempt(fleet, plan, backend, reason, route, raw, upstream_headers)
+            return await _attempt(fleet, plan, backend, reason, route, raw, sent)
         except _Answered as answered:
             return answered.response
         except UpstreamFailed as exc:
@@ -92,6 +98,22 @@ async def forward(
             log.warning("backend %s failed before the first byte: %s", name, exc)
     message = "every backend tried failed: " + "; ".join(errors)
     return error_response(502, message, "backend_failed", shape=route.errors)
+
+
+def _spill_headers(fleet: Fleet, plan: Plan, backend: Backend) -> dict[str, str]:
+    """Name the backend that holds more of the request's blocks as the peer `backend`
+    copies them from, signed with `backend`'s admin token (the daemon's proof that the
+    router, not a client, named it)."""
+    peer = fleet.spill_peer(plan, backend)
+    token = backend.spec.token
+    if peer is None or not token:
+        return {}
+    plan.peers[backend.name] = peer.name
+    fleet.metrics.spill(backend, peer)
+    return {
+        spill.PEER_HEADER: peer.url,
+        spill.PEER_SIGNATURE_HEADER: spill.peer_signature(token, peer.url),
+    }
 
 
 async def _attempt(

@@ -36,6 +36,7 @@ class Usage:
     # Of cached_tokens, those read back from the disk tier (a warmfleet daemon's
     # `usage.cached_tokens_by_tier`); None: the backend did not say.
     disk_tokens: int | None = None
+    peer_tokens: int = 0  # of cached_tokens, copied from a peer (a spill)
 
 
 def _with_tiers(usage: Usage, document: Mapping[str, Any]) -> Usage:
@@ -44,10 +45,12 @@ def _with_tiers(usage: Usage, document: Mapping[str, Any]) -> Usage:
     tiers = document.get("cached_tokens_by_tier")
     if not isinstance(tiers, dict):
         return usage
-    ram, disk = tiers.get("ram"), tiers.get("disk")
-    if not (_count(ram) and _count(disk)) or ram + disk != usage.cached_tokens:
+    ram, disk, peer = tiers.get("ram"), tiers.get("disk"), tiers.get("peer", 0)
+    if not (_count(ram) and _count(disk) and _count(peer)):
         return usage
-    return Usage(usage.prompt_tokens, usage.cached_tokens, disk)
+    if ram + disk + peer != usage.cached_tokens:
+        return usage
+    return Usage(usage.prompt_tokens, usage.cached_tokens, disk, peer)
 
 
 ErrorShape = Literal["openai", "anthropic", "responses"]
@@ -132,9 +135,7 @@ def openai_output(event: Mapping[str, Any]) -> bool:
 def anthropic_prompt(body: Mapping[str, Any]) -> Prompt | None:
     """An Anthropic Messages request as the daemon renders it (system blocks, tools,
     tool results, the thinking switch: `agent_apis.anthropic.to_chat`)."""
-    request = (MessagesRequest if "max_tokens" in body else CountTokensRequest).model_validate(
-        body
-    )
+    request = (MessagesRequest if "max_tokens" in body else CountTokensRequest).model_validate(body)
     chat = request.chat()
     return ChatPrompt(chat.messages, chat.tools, chat.template_kwargs(request.options()))
 

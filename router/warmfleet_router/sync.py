@@ -106,6 +106,7 @@ class BackendSync:
         options: SyncOptions,
         on_index: OnIndexEvent | None = None,
         on_trouble: OnTrouble | None = None,
+        on_draining: Callable[[Backend], None] | None = None,
     ) -> None:
         self.backend = backend
         self._client = client
@@ -115,6 +116,7 @@ class BackendSync:
         self._limits = options.limits
         self._on_index = on_index
         self._on_trouble = on_trouble
+        self._on_draining = on_draining  # it just started draining (handoff)
         self._tasks: list[asyncio.Task[None]] = []
         self._checked = asyncio.Event()
         self._models_read = -math.inf  # loop time of the last read of its model names
@@ -236,7 +238,10 @@ class BackendSync:
             return
         status = _status_field(answer.content)
         detail = status or answer.content[:200].decode(errors="replace")
+        was = backend.health
         backend.set_health("draining" if status == "draining" else "unready", detail)
+        if backend.health == "draining" and was != "draining" and self._on_draining:
+            self._on_draining(backend)
 
     async def read_models(self) -> None:
         """The names the backend answers to and its context length; kept as they were

@@ -106,6 +106,8 @@ def test_usage_says_the_served_tiers_when_they_add_up() -> None:
     assert anthropic_usage({"type": "message", "usage": messages}) == Usage(120, 96, 32)
     responses = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96}, **tiers}
     assert responses_usage({"usage": responses}) == Usage(120, 96, 32)
+    spilled = {**chat, "cached_tokens_by_tier": {"ram": 32, "disk": 32, "peer": 32}}
+    assert openai_usage({"usage": spilled}) == Usage(120, 96, 32, 32)  # copied from a peer
     for bad in ({"ram": 64, "disk": 0}, {"ram": 64, "disk": -32}, {"ram": "64", "disk": 32}, []):
         wrong = {**chat, "cached_tokens_by_tier": bad}
         assert openai_usage({"usage": wrong}) == Usage(120, 96, None)  # ignored, not trusted

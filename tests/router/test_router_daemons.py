@@ -252,9 +252,7 @@ def test_anthropic_streams_pass_through_and_count_tokens_is_proxied(router: Daem
         model="default", system=AGENT_SYSTEM, messages=messages, max_tokens=12, extra_body=GREEDY
     )
     assert [b.model_dump() for b in again.content] == [b.model_dump() for b in streamed.content]
-    counted = client.messages.count_tokens(
-        model="default", system=AGENT_SYSTEM, messages=messages
-    )
+    counted = client.messages.count_tokens(model="default", system=AGENT_SYSTEM, messages=messages)
     usage = streamed.usage
     assert counted.input_tokens == (
         usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens

@@ -128,6 +128,8 @@ def test_metrics_match_the_requests(client) -> None:
     tiers = "warmfleet_prefix_cache_tier_hit_tokens_total"
     assert total(values, tiers, warmfleet_cache_tier="ram") == cached
     assert total(values, tiers, warmfleet_cache_tier="disk") == 0
+    assert total(values, tiers, warmfleet_cache_tier="peer") == 0
+    assert "warmfleet_peer_spill_copied_bytes_total" in {name for name, _ in values}
     assert total(values, "warmfleet_disk_tier_enabled") == 1
     assert total(values, "warmfleet_disk_tier_written_bytes_total") > 0
 

@@ -20,6 +20,7 @@ from warmfleet_daemon.api import (
     routes_warm,
 )
 from warmfleet_daemon.api.errors import BodySizeLimit, CatchUnexpected, install_error_handlers
+from warmfleet_daemon.api.spill import SpillPeer
 from warmfleet_daemon.assembly import DaemonState
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.settings import DaemonSettings
@@ -49,6 +50,7 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     install_error_handlers(app)
     openapi.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(SpillPeer, settings=settings)
     app.add_middleware(CatchUnexpected)  # added last: the outermost
     app.include_router(routes_openai.router)
     app.include_router(routes_anthropic.router)

@@ -41,6 +41,7 @@ from warmfleet_daemon.api.schemas import (
     ResponseFormat,
     UsageInfo,
 )
+from warmfleet_daemon.api.spill import current_peer
 from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
 from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
@@ -217,7 +218,8 @@ def usage_info(usage: Usage | None) -> UsageInfo:
 def tiers_of(usage: Usage) -> dict[str, int]:
     """`usage.cached_tokens_by_tier` (every API's usage carries it: the router counts
     served hits by tier from it)."""
-    return {"ram": usage.cached_tokens - usage.disk_tokens, "disk": usage.disk_tokens}
+    ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
+    return {"ram": ram, "disk": usage.disk_tokens, "peer": usage.peer_tokens}
 
 
 @dataclass
@@ -239,7 +241,11 @@ async def choice_events(
     Closing the iterator early cancels the requests still running."""
     queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
+    peer = current_peer()  # the router's spill: copy the blocks this daemon lacks from it
+
     async def pump(index: int, request: GenerationRequest) -> None:
+        if peer is not None and request.peer is None:
+            request = replace(request, peer=peer)
         try:
             async for event in ready.engine.generate(request):
                 queue.put_nowait((index, event))
@@ -299,6 +305,7 @@ def total_usage(finals: Sequence[Event]) -> Usage:
         sum(u.completion_tokens for u in usages),
         usages[0].cached_tokens,
         usages[0].disk_tokens,
+        usages[0].peer_tokens,
     )
 
 

@@ -7,9 +7,12 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.chunking import Chunk
 from warmfleet_common.errors import ErrorResponse
+from warmfleet_common.spill import peer_url_valid
+from warmfleet_common.wire import CachePull, CachePullResult
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.kvtransfer.codec import BlockCodec
@@ -67,6 +70,30 @@ async def blocks(
         raise APIError(400, f"1 to {MAX_KEYS} keys of 32 hex digits each", param="keys")
     stream = _frames(ready.engine.cache, transfer.codec, wanted)
     return StreamingResponse(stream, media_type=MEDIA_TYPE)
+
+
+@router.post("/pull", response_model=CachePullResult)
+async def pull(ready: ReadyDep, body: CachePull) -> CachePullResult:
+    """Copy a chain of blocks (a session's) from a peer daemon with this daemon's
+    fingerprint and key root, from the first one not held here, within the body's
+    deadline: a drain handoff, asked by the router. What the peer lacks, or sends late
+    or broken, is not copied (the session prefills it when it comes)."""
+    transfer = _transfer(ready)
+    if not peer_url_valid(body.peer):
+        raise APIError(400, "peer must be an http(s) base URL", param="peer")
+    chunks = [Chunk(b.start, b.end, bytes.fromhex(b.key)) for b in body.blocks]
+    expected = 0
+    for i, chunk in enumerate(chunks):
+        if chunk.start != expected or chunk.end <= chunk.start:
+            raise APIError(
+                400,
+                f"blocks[{i}] spans [{chunk.start}, {chunk.end}): a chain starts at 0 and each "
+                "block starts where the one before ends",
+                param="blocks",
+            )
+        expected = chunk.end
+    peer = body.peer.rstrip("/")
+    return await run_in_threadpool(transfer.pull, peer, chunks, body.deadline_s)
 
 
 def _frames(cache: PrefixCache[Any], codec: BlockCodec, keys: list[bytes]) -> Iterator[bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -21,15 +22,18 @@ router = APIRouter()
 
 
 class Readiness(BaseModel):
-    """`/readyz`: 200 when ready, 503 otherwise (loading, failed, warming)."""
+    """`/readyz`: 200 when ready, 503 otherwise (loading, failed, warming, draining)."""
 
-    status: Literal["ready", "loading", "failed", "warming"]
+    status: Literal["ready", "loading", "failed", "warming", "draining"]
     model: str | None = None
     detail: str | None = None
     error: str | None = None
 
 
-_NOT_READY = {"model": Readiness, "description": "Not ready: loading, failed or warming"}
+_NOT_READY = {
+    "model": Readiness,
+    "description": "Not ready: loading, failed, warming or draining (stopping after a SIGTERM)",
+}
 
 
 @router.get("/healthz")
@@ -39,7 +43,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=Readiness, responses={503: _NOT_READY, **errors(400)})
 async def readyz(state: StateDep, warm: bool = False) -> JSONResponse:
-    """Ready once the model is loaded; with `?warm=1`, once every warm prompt is warm."""
+    """Ready once the model is loaded; with `?warm=1`, once every warm prompt is warm.
+    Draining (a SIGTERM, `--drain-seconds`): 503, though it still serves."""
+    if state.draining_until is not None:
+        left = max(0.0, state.draining_until - time.time())
+        detail = f"stopping in {left:.0f}s; still serving"
+        return JSONResponse({"status": "draining", "detail": detail}, status_code=503)
     if state.ready is None:
         body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
         return JSONResponse(body, status_code=503)
@@ -71,6 +80,7 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
     return DaemonStatus(
         version=__version__,
         instance_id=state.instance_id,
+        state="draining" if state.draining_until is not None else "serving",
         started_at=datetime.datetime.fromtimestamp(
             state.started_at, datetime.timezone.utc
         ).isoformat(),

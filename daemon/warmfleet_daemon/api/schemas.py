@@ -143,10 +143,12 @@ class PromptTokensDetails(BaseModel):
 
 class CacheTiers(BaseModel):
     """A warmfleet extension to usage: the cached prompt tokens by the tier they came
-    from (restored from RAM, or read back from the disk tier)."""
+    from (restored from RAM, read back from the disk tier, or copied from a peer daemon
+    on a spill)."""
 
     ram: int
     disk: int
+    peer: int = 0
 
 
 class UsageInfo(BaseModel):

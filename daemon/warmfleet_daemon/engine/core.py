@@ -82,12 +82,15 @@ class Usage:
     completion_tokens: int
     cached_tokens: int
     disk_tokens: int = 0  # of cached_tokens, read back from the disk tier
+    peer_tokens: int = 0  # of cached_tokens, copied from a peer daemon
 
 
 class Prefetching(Protocol):
     """Blocks a lower tier is reading into the prefix cache for one prompt."""
 
+    chunks: list[Chunk]  # the run of the prompt's chunks it reads, in order
     read: set[BlockKey]  # read from the lower tier so far
+    cancelled: bool  # set when the prompt is gone: the tier may stop
 
     def waiting_on(self, key: BlockKey) -> bool: ...
 
@@ -105,6 +108,21 @@ class LowerTier(Protocol):
 
     def store(self, chunk: Chunk, parent: BlockKey | None, payload: kv.BlockPayload) -> bool:
         """Keep a block RAM would not take (its parent left RAM meanwhile); no I/O."""
+        ...
+
+
+class PeerTier(Protocol):
+    """Copies a prompt's blocks from the peer daemon the router named (spill)."""
+
+    def prefetch(
+        self,
+        prompt: RenderedPrompt,
+        chunks: Sequence[Chunk],
+        start: int,
+        peer: str,
+        wake: Callable[[], None],
+    ) -> Prefetching | None:
+        """None: not worth it (prefill them)."""
         ...
 
 
@@ -147,6 +165,9 @@ class GenerationRequest:
     # Idle priority (the next turn's prefix, computed after a response): prefill-only,
     # one chunk per engine step that has nothing else to do (no decode, no prefill).
     idle: bool = False
+    # A peer daemon that holds this prompt's blocks (the router named it, the API layer
+    # checked it may be asked): what RAM and disk lack is copied from it if faster.
+    peer: str | None = None
 
     @property
     def group_key(self) -> str:
@@ -194,6 +215,8 @@ class _Sequence:
     prefetch: Prefetching | None = None  # blocks being read back from a lower tier
     prefetched: bool = False  # a lower tier was asked
     disk_tokens: int = 0  # cached tokens that came from a lower tier
+    peer_fetch: Prefetching | None = None  # blocks being copied from a peer
+    peer_tokens: int = 0  # cached tokens copied from a peer
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -289,6 +312,8 @@ class Engine:
         self.grammars = GrammarCompiler(loaded.tokenizer)
         # The disk tier (assembly attaches it): a prefix match continues there.
         self.tier: LowerTier | None = None
+        # Spill copies (assembly attaches it): a request naming a peer continues there.
+        self.peers: PeerTier | None = None
         # Called on the engine thread with each finished request (telemetry).
         self.observers: list[Callable[[GenerationRequest, Event], None]] = []
 
@@ -656,14 +681,15 @@ class Engine:
             seq.caches = kv.restore(payloads, self._new_caches(), self._capacity(seq))
             seq.next_chunk = len(payloads)
             seq.cached_tokens = seq.chunks[len(payloads) - 1].end if payloads else 0
-            seq.disk_tokens = sum(self._from_tier(seq, c) for c in seq.chunks[: len(payloads)])
+            for chunk in seq.chunks[: len(payloads)]:
+                self._count_tier(seq, chunk)
         else:
             # Blocks another sequence stored (or a lower tier read back) since our last turn.
             more = self._usable(seq, self.cache.match(seq.chunks, start=seq.next_chunk).payloads)
             for payload in more:
                 seq.caches = kv.append_block(seq.caches, payload, self._capacity(seq))
                 seq.cached_tokens += seq.chunks[seq.next_chunk].size
-                seq.disk_tokens += self._from_tier(seq, seq.chunks[seq.next_chunk])
+                self._count_tier(seq, seq.chunks[seq.next_chunk])
                 seq.next_chunk += 1
                 seq.final_logits = payload.logits
         while self._take_held(seq):
@@ -693,22 +719,31 @@ class Engine:
             seq.caches = None  # its KV lives in the decode batch's row now
 
     def _start_prefetch(self, seq: _Sequence) -> None:
-        """Ask the lower tier for the prompt's blocks after those in RAM (read ahead
-        while the engine restores or computes the earlier ones)."""
-        if self.tier is None or seq.prefetched:
+        """Ask the lower tier for the prompt's blocks after those in RAM, then the peer
+        the request names for those after the disk's (read ahead while the engine
+        restores or computes the earlier ones)."""
+        peer = seq.request.peer if self.peers is not None else None
+        if (self.tier is None and peer is None) or seq.prefetched:
             return
         seq.prefetched = True
         start = self.cache.match(seq.chunks).blocks
-        if start < len(seq.chunks):
+        if start < len(seq.chunks) and self.tier is not None:
             seq.prefetch = self.tier.prefetch(seq.chunks, start, self._wake.set)
+            if seq.prefetch is not None:
+                start += len(seq.prefetch.chunks)
+        if start < len(seq.chunks) and peer is not None and self.peers is not None:
+            seq.peer_fetch = self.peers.prefetch(
+                seq.request.prompt, seq.chunks, start, peer, self._wake.set
+            )
 
     def _take_held(self, seq: _Sequence) -> bool:
         """Take the next block from what the lower tier read for this prompt beyond RAM's
         room (then, from RAM, what others stored meanwhile). False when neither has it."""
-        if seq.prefetch is None or seq.caches is None or seq.next_chunk >= len(seq.chunks):
+        fetches = [f for f in (seq.prefetch, seq.peer_fetch) if f is not None]
+        if not fetches or seq.caches is None or seq.next_chunk >= len(seq.chunks):
             return False
         chunk = seq.chunks[seq.next_chunk]
-        payload = seq.prefetch.take(chunk.key)
+        payload = next((p for f in fetches if (p := f.take(chunk.key)) is not None), None)
         final = seq.next_chunk == len(seq.chunks) - 1
         if payload is None:
             usable = self._usable(
@@ -721,18 +756,22 @@ class Engine:
             return False  # the final block: its logits make the first token
         seq.caches = kv.append_block(seq.caches, payload, self._capacity(seq))
         seq.cached_tokens += chunk.size
-        seq.disk_tokens += self._from_tier(seq, chunk)
+        self._count_tier(seq, chunk)
         seq.next_chunk += 1
         seq.final_logits = payload.logits
         return True
 
     def _awaiting_tier(self, seq: _Sequence) -> bool:
-        prefetch = seq.prefetch
-        return prefetch is not None and prefetch.waiting_on(seq.chunks[seq.next_chunk].key)
+        key = seq.chunks[seq.next_chunk].key
+        return any(f is not None and f.waiting_on(key) for f in (seq.prefetch, seq.peer_fetch))
 
     @staticmethod
-    def _from_tier(seq: _Sequence, chunk: Chunk) -> int:
-        return chunk.size if seq.prefetch is not None and chunk.key in seq.prefetch.read else 0
+    def _count_tier(seq: _Sequence, chunk: Chunk) -> None:
+        """A cached chunk the prompt took: from the disk, a peer, or (neither) RAM."""
+        if seq.prefetch is not None and chunk.key in seq.prefetch.read:
+            seq.disk_tokens += chunk.size
+        elif seq.peer_fetch is not None and chunk.key in seq.peer_fetch.read:
+            seq.peer_tokens += chunk.size
 
     def _usable(
         self, seq: _Sequence, payloads: tuple[kv.BlockPayload, ...]
@@ -932,6 +971,8 @@ class Engine:
             self._waiting.remove(seq)
         if seq in self._idle:
             self._idle.remove(seq)
+        if seq.peer_fetch is not None:
+            seq.peer_fetch.cancelled = True  # a copy still running stops at its next block
         now = time.perf_counter()
         start = seq.started_at or now
         first = seq.first_token_at or now
@@ -939,7 +980,13 @@ class Engine:
             text,
             self._take_tokens(seq, token),
             finish_reason=reason,
-            usage=Usage(len(seq.tokens), len(seq.generated), seq.cached_tokens, seq.disk_tokens),
+            usage=Usage(
+                len(seq.tokens),
+                len(seq.generated),
+                seq.cached_tokens,
+                seq.disk_tokens,
+                seq.peer_tokens,
+            ),
             timings=Timings(
                 start - seq.submitted_at, first - seq.submitted_at, now - seq.submitted_at
             ),

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +41,7 @@ from warmfleet_daemon.disk_index import DiskEntry, DiskIndex
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import FORMAT, BlockCodec, BlockError
+from warmfleet_daemon.kvtransfer.prefetch import Prefetch
 from warmfleet_daemon.prefix_cache import BlockView, InsertOutcome, PrefixCache
 from warmfleet_daemon.regular_files import (
     UnusableFile,
@@ -76,30 +77,6 @@ class DiskTierStats:
     evictions: int  # deleted for the disk budget
     dropped_blocks: int  # evicted from RAM and never written (queue full, tier off)
     ignored_files: int  # corrupt, truncated, mismatched or not regular
-
-
-@dataclass
-class Prefetch:
-    """The reads one prompt waits for: its next chunks that the disk holds, in order."""
-
-    chunks: list[Chunk]
-    parent: BlockKey | None
-    read: set[BlockKey] = field(default_factory=set)  # read from disk for this prompt
-    # Read, but RAM would not take them (the prompt's own chain fills it): its own.
-    held: dict[BlockKey, kv.BlockPayload] = field(default_factory=dict)
-    done: int = 0  # chunks finished (read or given up)
-    failed: bool = False
-    cancelled: bool = False
-
-    def take(self, key: BlockKey) -> kv.BlockPayload | None:
-        return self.held.pop(key, None)
-
-    def waiting_on(self, key: BlockKey) -> bool:
-        """True while the block `key` may still come from disk (the prompt must not
-        compute it meanwhile)."""
-        if self.failed or self.cancelled:
-            return False
-        return any(c.key == key for c in self.chunks[self.done :])
 
 
 class DiskTier:

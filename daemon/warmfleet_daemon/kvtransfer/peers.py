@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -39,6 +39,10 @@ class PeerLimit(Exception):
     """A response over its byte cap, or the copy past its deadline."""
 
 
+class DeadlinePassed(PeerLimit):
+    pass
+
+
 class PeerClient:
     def __init__(self, codec: BlockCodec, *, token: str | None, timeout_s: float = 30.0) -> None:
         self.codec = codec
@@ -48,27 +52,69 @@ class PeerClient:
         self.timeout_s = timeout_s
 
     def fetch(
-        self, url: str, prompt: RenderedPrompt, chunks: list[Chunk], start: int, deadline: float
+        self,
+        url: str,
+        prompt: RenderedPrompt,
+        chunks: list[Chunk],
+        start: int,
+        deadline: float,
+        *,
+        deadline_name: str = "the warm-up's deadline (--warm-from-deadline)",
+        ended: list[str] | None = None,
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """Verified payloads of `chunks[start:]`, in order, as far as the peer has them,
-        until `deadline` (time.monotonic()). Errors are logged (one line) and end the
-        iteration."""
+        until `deadline` (time.monotonic(); `deadline_name` in the log). Errors are
+        logged (one line) and end the iteration; why it ended early goes in `ended`
+        (`COPY_ENDS`)."""
+
+        def theirs(info: dict[str, Any]) -> list[Chunk] | None:
+            planned = plan_chunks(
+                prompt.tokens,
+                block_size=int(info["block_size"]),
+                cuts=prompt.cuts,
+                root=bytes.fromhex(info["root"]),
+            )
+            if [(c.start, c.end) for c in planned] != [(c.start, c.end) for c in chunks]:
+                log.warning("peer %s plans this prompt differently; not copying", url)
+                return None
+            return planned
+
+        yield from self._copy(url, theirs, start, deadline, deadline_name, ended)
+
+    def fetch_chain(
+        self, url: str, root: bytes, chunks: list[Chunk], deadline: float, deadline_name: str
+    ) -> Iterator[tuple[int, kv.BlockPayload]]:
+        """As `fetch`, for a chain of blocks named by key (a drain handoff: the router
+        knows the keys, not the tokens); only from a peer with the same key root."""
+
+        def same_root(info: dict[str, Any]) -> list[Chunk] | None:
+            if info.get("root") != root.hex():
+                log.warning("peer %s keys its blocks under another root; not copying", url)
+                return None
+            return chunks
+
+        yield from self._copy(url, same_root, 0, deadline, deadline_name, None)
+
+    def _copy(
+        self,
+        url: str,
+        plan: Callable[[dict[str, Any]], list[Chunk] | None],
+        start: int,
+        deadline: float,
+        deadline_name: str,
+        ended: list[str] | None,
+    ) -> Iterator[tuple[int, kv.BlockPayload]]:
+        """Verified payloads of `plan(peer info)[start:]`, in order; errors logged."""
+        why = _end(ended)
         try:
             with httpx.Client(base_url=url, headers=self.headers) as http:
                 info = self._info(http, url, deadline)
-                if info is None:
-                    return
-                theirs = plan_chunks(
-                    prompt.tokens,
-                    block_size=int(info["block_size"]),
-                    cuts=prompt.cuts,
-                    root=bytes.fromhex(info["root"]),
-                )
-                if [(c.start, c.end) for c in theirs] != [(c.start, c.end) for c in chunks]:
-                    log.warning("peer %s plans this prompt differently; not copying", url)
+                theirs = plan(info) if info is not None else None
+                if theirs is None:
+                    why("refused")
                     return
                 index = start
-                while index < len(chunks):
+                while index < len(theirs):
                     batch = theirs[index : index + BATCH]
                     got = 0
                     for data in self._stream(http, batch, deadline):
@@ -76,8 +122,13 @@ class PeerClient:
                         got += 1
                         index += 1
                     if got < len(batch):  # the peer does not have the rest
+                        why("lacking")
                         return
+        except DeadlinePassed:
+            why("deadline")
+            _abandoned(url, _past(deadline, deadline_name))
         except PeerLimit as exc:
+            why("limit")
             _abandoned(url, str(exc))
         except (
             httpx.HTTPError,
@@ -89,14 +140,16 @@ class PeerClient:
             OverflowError,  # e.g. "block_size": Infinity
         ) as exc:
             if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
-                _abandoned(url, _past(deadline))  # the read's timeout was cut to the deadline
+                why("deadline")  # the read's timeout was cut to the deadline
+                _abandoned(url, _past(deadline, deadline_name))
             else:
+                why("error")
                 log.warning("copying blocks from peer %s stopped: %s", url, exc)
 
     def _timeout(self, deadline: float) -> httpx.Timeout:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise PeerLimit(_past(deadline))
+            raise DeadlinePassed()
         return httpx.Timeout(min(self.timeout_s, left), connect=min(5.0, left))
 
     def _info(self, http: httpx.Client, url: str, deadline: float) -> dict[str, Any] | None:
@@ -145,13 +198,23 @@ class PeerClient:
                 yield data
 
 
+# Why a copy ended before its last block: the peer lacked the rest, refused (another
+# fingerprint or root, a plan of its own, an error status), sent something wrong or went
+# away, or was past a byte cap or the deadline.
+COPY_ENDS = ("lacking", "refused", "error", "limit", "deadline")
+
+
+def _end(ended: list[str] | None) -> Callable[[str], None]:
+    return ended.append if ended is not None else lambda _: None
+
+
 def _abandoned(url: str, why: str) -> None:
     log.warning("copying blocks from peer %s abandoned (the rest is prefilled): %s", url, why)
 
 
-def _past(deadline: float) -> str:
+def _past(deadline: float, name: str) -> str:
     late = time.monotonic() - deadline
-    return f"the warm-up's deadline (--warm-from-deadline) passed {late:.1f}s ago"
+    return f"{name} passed {late:.1f}s ago"
 
 
 def _capped(r: httpx.Response, cap: int, deadline: float, what: str) -> Iterator[bytes]:
@@ -162,7 +225,7 @@ def _capped(r: httpx.Response, cap: int, deadline: float, what: str) -> Iterator
         if received > cap:
             raise PeerLimit(f"{what} sent more than {cap} bytes")
         if time.monotonic() > deadline:
-            raise PeerLimit(_past(deadline))
+            raise DeadlinePassed()
         yield piece
 
 

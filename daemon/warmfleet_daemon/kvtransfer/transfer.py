@@ -1,15 +1,19 @@
-"""What the daemon holds for warm-without-prefill: the fingerprint and codec, the
-snapshot store (with `--state-dir`), the peer client and the restorer."""
+"""What the daemon holds for warm-without-prefill and spill: the fingerprint and codec,
+the snapshot store (with `--state-dir`), the disk tier, the peer client, the restorer and
+the spill copies."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from warmfleet_common.chunking import BlockKey
+from warmfleet_common.cache_layout import TierCosts
+from warmfleet_common.chunking import BlockKey, Chunk
+from warmfleet_common.wire import CachePullResult
 from warmfleet_daemon.engine.core import Engine, wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
@@ -17,6 +21,8 @@ from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
+from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillMode
+from warmfleet_daemon.prefix_cache import InsertOutcome
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,9 @@ class KVTransfer:
         peer_deadline_s: float = 120.0,
         cache_dir: str | Path | None = None,
         cache_disk_budget_bytes: int = 0,
+        spill: SpillMode = "auto",
+        spill_deadline_s: float = 30.0,
+        costs: TierCosts | None = None,
     ) -> None:
         """Call before the engine thread starts (it probes the model). With `cache_dir`,
         every block also goes to the disk tier there, and the engine reads it back."""
@@ -54,6 +63,10 @@ class KVTransfer:
         )
         engine.tier = self.disk
         self.peers = PeerClient(self.codec, token=peer_token)
+        self.spill = PeerSpill(
+            self.peers, engine.cache, costs, mode=spill, deadline_s=spill_deadline_s
+        )
+        engine.peers = self.spill
         self.restorer = BlockRestorer(
             engine,
             snapshots=self.snapshots,
@@ -73,6 +86,53 @@ class KVTransfer:
         if self.snapshots is not None:
             self.snapshots.sync(set(wanted), list(warm), self.engine.cache.peek)
 
+    def pull(self, peer: str, chunks: list[Chunk], deadline_s: float) -> CachePullResult:
+        """Copy the chain `chunks` (a session's blocks, by key) from `peer` into the
+        cache, from its first block this daemon lacks; within `deadline_s` (a drain
+        handoff: the peer is leaving)."""
+        started = time.monotonic()
+        cache = self.engine.cache
+        first = next((i for i, c in enumerate(chunks) if c.key not in cache), len(chunks))
+        copied = tokens = nbytes = 0
+        parent = chunks[first - 1].key if first else None
+        if first < len(chunks):
+            fetched = self.peers.fetch_chain(
+                peer,
+                self.engine.root,
+                chunks[first:],
+                started + deadline_s,
+                "the handoff's deadline",
+            )
+            for index, payload in fetched:
+                chunk = chunks[first + index]
+                kept = cache.insert(chunk, parent, payload, payload.nbytes)
+                held = kept in (InsertOutcome.STORED, InsertOutcome.PRESENT) or (
+                    self.disk is not None and self.disk.store(chunk, parent, payload)
+                )
+                if not held:
+                    break  # neither RAM nor disk takes it: the rest would hang off nothing
+                copied, tokens, nbytes = copied + 1, tokens + chunk.size, nbytes + payload.nbytes
+                parent = chunk.key
+        seconds = time.monotonic() - started
+        log.info(
+            "pulled %d of %d block(s) (%d tokens, %.1f MiB) from %s in %.2fs; %d held already",
+            copied,
+            len(chunks) - first,
+            tokens,
+            nbytes / (1 << 20),
+            peer,
+            seconds,
+            first,
+        )
+        return CachePullResult(
+            present_blocks=first,
+            copied_blocks=copied,
+            copied_tokens=tokens,
+            copied_bytes=nbytes,
+            seconds=seconds,
+            complete=first + copied == len(chunks),
+        )
+
     def status(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
@@ -83,6 +143,7 @@ class KVTransfer:
             "restored_tokens": self.restorer.restored_tokens,
             "default_peers": self.restorer.default_peers,
             "snapshots": vars(self.snapshots.stats()) if self.snapshots else None,
+            "spill": vars(self.spill.stats()),
         }
 
     def stop(self) -> None:
@@ -93,6 +154,7 @@ class KVTransfer:
                 )
             self.disk.stop()
         self.restorer.stop()
+        self.spill.stop()
         if self.snapshots is not None:
             self.snapshots.stop()
 

@@ -82,8 +82,9 @@ def systemd_unit(spec: ServiceSpec) -> str:
     lines += [
         "Restart=always",
         "RestartSec=5",
-        # SIGTERM lets uvicorn finish requests; the daemon's own grace period is 5 s.
-        "TimeoutStopSec=30",
+        # SIGTERM drains (--drain-seconds, 10 s by default: peers copy its sessions), then
+        # uvicorn finishes requests (5 s) and the disk tier saves RAM's blocks (up to 30 s).
+        "TimeoutStopSec=60",
         "NoNewPrivileges=yes",
         "",
         "[Install]",

@@ -1,0 +1,215 @@
+"""The fleet as one cache, with a real router in front of two real tiny-random daemons:
+a daemon honours a spill peer only when the router signed it (a client's header is
+refused, and the router drops it); when one daemon drains (SIGTERM), the router hands
+its most recent session to the other (`POST /v1/cache/pull`), and a session it did not
+hand off is spilled: the other daemon copies its blocks from the draining one (tier
+`peer` in its metrics) instead of prefilling them; the draining daemon stops on time. A
+backend whose WarmNode is deleted hands its sessions off the same way, then is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.processes import Daemon, serving, start_daemon, start_router
+from warmfleet_common.spill import PEER_HEADER, PEER_SIGNATURE_HEADER, peer_signature
+from warmfleet_router.app import create_app
+from warmfleet_router.backend import BackendSpec
+from warmfleet_router.fleet import RouterOptions
+from warmfleet_router.sync import SyncOptions
+
+TOKEN = "spill-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+DRAIN_S = 8
+
+
+def history(topic: str) -> list[dict[str, str]]:
+    system = {"role": "system", "content": f"You are the {topic} desk. Answer briefly. " * 12}
+    return [system, {"role": "user", "content": f"Tell me about {topic}. " * 20}]
+
+
+@pytest.fixture(scope="module")
+def daemons() -> Iterator[list[Daemon]]:
+    args = ["--model", "tiny-random", "--block-size", "32", "--spill", "always"]
+    args += ["--drain-seconds", str(DRAIN_S)]
+    started = [start_daemon(*args, env={"WARMFLEET_ADMIN_TOKEN": TOKEN}) for _ in range(2)]
+    yield started
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def router(daemons: list[Daemon], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    token_file = Path(tmp_path_factory.mktemp("router")) / "token"
+    token_file.write_text(TOKEN + "\n")
+    backends = [arg for d in daemons for arg in ("--backend", d.url)]
+    r = start_router(
+        *backends, "--admin-token-file", str(token_file), "--health-interval", "0.3",
+        "--handoff-sessions", "1",
+    )  # fmt: skip
+    wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+    yield r
+    r.stop()
+
+
+def wait_for(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def status(router: Daemon) -> dict[str, Any]:
+    return httpx.get(f"{router.url}/v1/router/status", headers=AUTH, timeout=10).json()
+
+
+def chat(url: str, messages: list[dict[str, str]], **headers: str) -> httpx.Response:
+    body = {"model": "default", "messages": messages, "temperature": 0, "max_tokens": 4}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def peer_hits(daemon: Daemon) -> float:
+    text = httpx.get(f"{daemon.url}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "warmfleet_prefix_cache_tier_hit_tokens_total"
+        and s.labels.get("warmfleet_cache_tier") == "peer"
+    )
+
+
+def test_a_daemon_honours_only_a_peer_the_router_signed(daemons: list[Daemon]) -> None:
+    a, b = daemons
+    messages = history("weather")
+    for url in ("http://169.254.169.254", b.url):
+        refused = chat(a.url, messages, **{PEER_HEADER: url})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["param"] == PEER_HEADER
+    forged = chat(a.url, messages, **{PEER_HEADER: b.url, PEER_SIGNATURE_HEADER: "0" * 64})
+    assert forged.status_code == 403
+    bad = chat(a.url, messages, **{PEER_HEADER: "file:///etc/passwd"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_peer"
+    signed = {PEER_HEADER: b.url, PEER_SIGNATURE_HEADER: peer_signature(TOKEN, b.url)}
+    assert chat(a.url, messages, **signed).status_code == 200
+
+
+def test_a_pull_is_admin_and_refuses_a_broken_chain(daemons: list[Daemon]) -> None:
+    a, b = daemons
+    chain = [{"key": "ab" * 16, "start": 0, "end": 32}, {"key": "cd" * 16, "start": 32, "end": 64}]
+    body = {"peer": b.url, "blocks": chain, "deadline_s": 5}
+    url = f"{a.url}/v1/cache/pull"
+    assert httpx.post(url, json=body).status_code == 401
+    for bad, param in [
+        ({**body, "blocks": chain[1:]}, "blocks"),  # not from 0
+        ({**body, "peer": "file:///etc/passwd"}, "peer"),
+        ({**body, "deadline_s": 0}, "deadline_s"),
+        ({**body, "extra": 1}, "extra"),
+    ]:
+        refused = httpx.post(url, json=bad, headers=AUTH)
+        assert refused.status_code == 400, refused.text
+        assert param in refused.text
+    # Blocks the peer does not hold: nothing copied, and it says so.
+    result = httpx.post(url, json=body, headers=AUTH, timeout=30).json()
+    assert result["copied_blocks"] == 0 and result["complete"] is False
+
+
+class Nodes:
+    """A backend source the test changes (a WarmNode deleted), read every 0.1 s."""
+
+    def __init__(self, specs: list[BackendSpec]) -> None:
+        self.current = specs
+
+    async def specs(self) -> list[BackendSpec]:
+        return list(self.current)
+
+    async def changes(self) -> AsyncIterator[list[BackendSpec]]:
+        last: list[BackendSpec] | None = None
+        while True:
+            if self.current != last:
+                last = list(self.current)
+                yield last
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_deleted_backends_sessions_move_with_their_blocks(daemons: list[Daemon]) -> None:
+    specs = [BackendSpec(d.url.removeprefix("http://"), d.url, TOKEN) for d in daemons]
+    nodes = Nodes(specs)
+    options = RouterOptions(
+        admin_token=TOKEN, handoff_sessions=4, sync=SyncOptions(health_interval=0.3)
+    )
+    with serving(create_app(nodes, options)) as url:
+        r = Daemon(url, None, "")  # type: ignore[arg-type]
+        wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+        first = chat(url, history("trains"), **{"x-session-affinity": "d-0"})
+        holder = first.headers["x-warmfleet-backend"]
+        nodes.current = [s for s in specs if s.name != holder]  # its WarmNode is deleted
+        wait_for(lambda: len(status(r)["backends"]) == 1, 15)  # after the handoff
+        (handoff,) = status(r)["handoffs"]
+        (moved,) = handoff["sessions"]
+        assert handoff["backend"] == holder and moved["outcome"] == "copied", handoff
+        turn = chat(url, history("trains"), **{"x-session-affinity": "d-0"})
+        assert turn.headers["x-warmfleet-backend"] == nodes.current[0].name
+        cached = turn.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= moved["copied_tokens"] > 0
+
+
+def test_a_draining_daemons_sessions_are_handed_off_or_spilled(
+    daemons: list[Daemon], router: Daemon
+) -> None:
+    # Two sessions on the same daemon (new sessions spread by a hash of their key).
+    first = chat(router.url, history("ships"), **{"x-session-affinity": "s-0"})
+    assert first.status_code == 200
+    holder = first.headers["x-warmfleet-backend"]
+    second_key = next(
+        key
+        for key in (f"s-{i}" for i in range(1, 40))
+        if chat(router.url, history(key), **{"x-session-affinity": key}).headers[
+            "x-warmfleet-backend"
+        ]
+        == holder
+    )
+    draining = next(d for d in daemons if d.url.removeprefix("http://") == holder)
+    other = next(d for d in daemons if d is not draining)
+    # A client cannot name a peer through the router: the header is dropped.
+    through = chat(router.url, history("ships"), **{PEER_HEADER: "http://169.254.169.254"})
+    assert through.status_code == 200
+
+    draining.process.send_signal(signal.SIGTERM)
+    stopped_at = time.monotonic()
+    wait_for(lambda: httpx.get(f"{draining.url}/readyz").json()["status"] == "draining", 5)
+    assert httpx.get(f"{draining.url}/v1/status").json()["state"] == "draining"
+    # The most recent session is handed off: the other daemon pulls its blocks.
+    wait_for(lambda: status(router)["handoffs"], 15)
+    handoff = status(router)["handoffs"][0]
+    assert handoff["backend"] == holder and len(handoff["sessions"]) == 1
+    moved = handoff["sessions"][0]
+    assert moved["outcome"] == "copied" and moved["copied_tokens"] > 0, handoff
+    turn = chat(router.url, history(second_key), **{"x-session-affinity": second_key})
+    assert turn.headers["x-warmfleet-backend"] == other.url.removeprefix("http://")
+    usage = turn.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= moved["copied_tokens"] - 32
+
+    # The first session was not handed off: it is spilled, copied from the draining daemon.
+    before = peer_hits(other)
+    spilled = chat(router.url, history("ships"), **{"x-session-affinity": "s-0"})
+    assert spilled.headers["x-warmfleet-backend"] == other.url.removeprefix("http://")
+    cached = spilled.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    copied = peer_hits(other) - before
+    assert 0 < copied <= cached and cached - copied < 32  # (a shared template start was held)
+    decision = next(d for d in status(router)["decisions"] if d["peer"] is not None)
+    assert decision["peer"] == holder
+
+    draining.process.wait(timeout=DRAIN_S + 30)
+    assert time.monotonic() - stopped_at >= DRAIN_S - 1  # it served until the drain's end
