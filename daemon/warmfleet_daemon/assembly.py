@@ -18,7 +18,7 @@ from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
 from warmfleet_daemon.cache_events import CacheEventLog
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine, EngineConfig, on_a_thread_of_its_own
 from warmfleet_daemon.engine.kv import BlockPayload
 from warmfleet_daemon.kvtransfer.costs import measure_tier_costs
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
@@ -127,10 +127,13 @@ class DaemonState:
                     kind, e.key, e.parent, e.start, e.end, e.logits, "disk"
                 )
             )
-        # Measured on this thread before the engine's starts: the model is idle, and its
-        # probe already ran every path once.
+        # Measured before the engine's thread starts (the model is idle), on a thread of its
+        # own that is gone before we go on (see on_a_thread_of_its_own).
         disk = transfer.disk if transfer.disk and transfer.disk.stats().state == "on" else None
-        costs = measure_tier_costs(engine, transfer.codec, disk.directory if disk else None)
+        costs = on_a_thread_of_its_own(
+            lambda: measure_tier_costs(engine, transfer.codec, disk.directory if disk else None),
+            "warmfleet-tier-costs",
+        )
         transfer.spill.costs = costs  # what a spill's copy is weighed against
         engine.start()
         loaded = engine.loaded

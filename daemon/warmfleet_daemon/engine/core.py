@@ -35,7 +35,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import mlx.core as mx
 
@@ -58,6 +58,7 @@ from warmfleet_daemon.models.loader import LoadedModel, model_family
 from warmfleet_daemon.prefix_cache import InsertOutcome, PrefixCache
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _CLEAR_EVERY = 256  # decode steps between releases of MLX's buffer cache
 _MAX_IDLE = 64  # idle-priority prefills kept waiting; beyond, the oldest are dropped
@@ -253,6 +254,29 @@ def wait_until_gone(thread: threading.Thread, timeout: float = 2.0) -> None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.01)
+
+
+def on_a_thread_of_its_own(run: Callable[[], T], name: str) -> T:
+    """`run()` on a short-lived thread that is gone when this returns. Running the model
+    leaves MLX's thread-local compile cache on the calling thread; on a long-lived one (an
+    event loop's, a test's) its destructor would run while the interpreter finalizes and
+    abort the process. Exceptions are raised again on the caller's thread."""
+    found: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            found.append(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name=name)
+    thread.start()
+    thread.join()
+    wait_until_gone(thread)
+    if errors:
+        raise errors[0]
+    return found[0]
 
 
 class Engine:

@@ -5,7 +5,6 @@ the spill copies."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.wire import CachePullResult
-from warmfleet_daemon.engine.core import Engine, wait_until_gone
+from warmfleet_daemon.engine.core import Engine, on_a_thread_of_its_own
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
@@ -160,22 +159,7 @@ class KVTransfer:
 
 
 def _probe_on_a_thread_of_its_own(engine: Engine) -> tuple[LayerLayout, ...]:
-    """The probe runs the model, which leaves MLX's thread-local compile cache on the
-    calling thread; on a long-lived one (an event loop's) its destructor would run while
-    the interpreter finalizes and abort the process. A thread that is gone leaves none."""
-    found: list[tuple[LayerLayout, ...]] = []
-    errors: list[BaseException] = []
-
-    def probe() -> None:
-        try:
-            found.append(probe_layout(engine.model, engine.config.kv_bits, engine.kv_group_size))
-        except BaseException as exc:  # re-raised on the caller's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=probe, name="warmfleet-kv-probe")
-    thread.start()
-    thread.join()
-    wait_until_gone(thread)
-    if errors:
-        raise errors[0]
-    return found[0]
+    return on_a_thread_of_its_own(
+        lambda: probe_layout(engine.model, engine.config.kv_bits, engine.kv_group_size),
+        "warmfleet-kv-probe",
+    )
