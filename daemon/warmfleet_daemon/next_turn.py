@@ -55,7 +55,8 @@ class NextTurns:
     def __init__(self, engine: Engine, prompts: PromptBuilder) -> None:
         self.engine = engine
         self.prompts = prompts
-        self._pending: deque[Callable[[], Continuation | None]] = deque()
+        # (the engine's clears when it was scheduled, what renders the conversation)
+        self._pending: deque[tuple[int, Callable[[], Continuation | None]]] = deque()
         self._lock = threading.Condition()
         self._stopping = False
         self._scheduled = self._submitted = self._prefilled = self._skipped = 0
@@ -72,9 +73,10 @@ class NextTurns:
         module's thread: translating a large request is not the event loop's work)."""
         if not self.enabled:
             return
+        clears = self.engine.clears  # a clear from now on drops this conversation's prefix
         with self._lock:
             self._scheduled += 1
-            self._pending.append(build)
+            self._pending.append((clears, build))
             while len(self._pending) > _MAX_PENDING:
                 self._pending.popleft()
                 self._skipped += 1
@@ -102,10 +104,10 @@ class NextTurns:
                 self._lock.wait_for(lambda: self._pending or self._stopping)
                 if self._stopping:
                     return
-                build = self._pending.popleft()
+                clears, build = self._pending.popleft()
                 self._working += 1
             try:
-                self._submit(build)
+                self._submit(build, clears)
             except Exception:  # a bad conversation never stops the next ones
                 log.exception("the next turn's prefix could not be prepared")
                 self._count_skip()
@@ -113,7 +115,7 @@ class NextTurns:
                 with self._lock:
                     self._working -= 1
 
-    def _submit(self, build: Callable[[], Continuation | None]) -> None:
+    def _submit(self, build: Callable[[], Continuation | None], clears: int) -> None:
         continuation = build()
         if continuation is None:
             return self._count_skip()
@@ -137,7 +139,7 @@ class NextTurns:
             with self._lock:
                 self._working += 1
             try:
-                self.engine.submit(request, self._finished)
+                self.engine.submit(request, self._finished, clears_seen=clears)
             except EngineError as exc:
                 log.debug("next-turn prefix not submitted: %s", exc)
                 with self._lock:

@@ -218,6 +218,7 @@ class _Sequence:
     disk_tokens: int = 0  # cached tokens that came from a lower tier
     peer_fetch: Prefetching | None = None  # blocks being copied from a peer
     peer_tokens: int = 0  # cached tokens copied from a peer
+    clears_seen: int = 0  # the prefix cache's clears when it was submitted
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -322,6 +323,7 @@ class Engine:
         self._cancelled: set[str] = set()
         # Idle-priority prefills, oldest first; the first is the one being computed.
         self._idle: deque[_Sequence] = deque()
+        self._clears = 0  # DELETE /v1/cache/prefix: idle prefills from before one are dropped
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._arrivals = itertools.count()
@@ -358,8 +360,21 @@ class Engine:
 
     # -- requests -----------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest, sink: Callable[[Event], None]) -> None:
-        """Queue a request; `sink` receives its events on the engine thread."""
+    @property
+    def clears(self) -> int:
+        """How many times the prefix cache was cleared (DELETE /v1/cache/prefix)."""
+        return self._clears
+
+    def submit(
+        self,
+        request: GenerationRequest,
+        sink: Callable[[Event], None],
+        *,
+        clears_seen: int | None = None,
+    ) -> None:
+        """Queue a request; `sink` receives its events on the engine thread. An idle
+        request derived from an earlier state passes the `clears` it saw then: if the cache
+        was cleared since, it is dropped."""
         tokens = request.prompt.tokens
         if not tokens:
             raise EngineError("empty prompt")
@@ -382,6 +397,7 @@ class Engine:
             detokenizer=self.loaded.tokenizer.detokenizer,
             stops=StopStringFilter(request.sampling.stop),
             processors=SequenceProcessors(request.sampling, tokens, mask),
+            clears_seen=self._clears if clears_seen is None else clears_seen,
         )
         if request.idle and not request.prefill_only:
             raise EngineError("an idle-priority request only prefills")
@@ -564,8 +580,16 @@ class Engine:
 
     def clear_prefix_cache(self) -> int:
         """Drop every stored block (pinned ones too). Safe while requests run: a sequence
-        mid-prefill keeps its own copy and simply stops storing blocks."""
+        mid-prefill keeps its own copy. Idle prefills (next turns) submitted before the
+        clear are dropped and store nothing more: a cleared cache holds only what requests
+        after the clear computed."""
+        with self._lock:
+            self._clears += 1
+        self._wake.set()
         return self.cache.clear()
+
+    def _from_before_a_clear(self, seq: _Sequence) -> bool:
+        return seq.request.idle and seq.clears_seen != self._clears
 
     # -- the loop -----------------------------------------------------------------
 
@@ -635,6 +659,8 @@ class Engine:
                 (self._idle if seq.request.idle else self._waiting).append(seq)
             self._inbox.clear()
             cancelled, self._cancelled = self._cancelled, set()
+        for seq in [s for s in self._idle if self._from_before_a_clear(s)]:
+            self._finish(seq, "abort", "")
         while len(self._idle) > _MAX_IDLE:  # the oldest conversations' next turns go
             self._finish(self._idle[1], "abort", "")
         if cancelled:
@@ -833,7 +859,8 @@ class Engine:
             kv.reserve(seq.caches, self._capacity(seq))
         self._prefill_total += chunk.size
         parent = seq.chunks[seq.next_chunk - 1].key if seq.next_chunk else None
-        if chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
+        stale = self._from_before_a_clear(seq)  # the cache was cleared during this chunk
+        if not stale and chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
             payload = kv.extract_block(seq.caches, chunk.start, chunk.end, logits)
             stored = self.cache.insert(chunk, parent, payload, payload.nbytes)
             if stored is not InsertOutcome.STORED and self.tier is not None:

@@ -71,6 +71,33 @@ def test_cancel_and_stop_end_idle_prefills(tiny, make_engine) -> None:
     assert first[-1].finish_reason == "prefilled" and second[-1].finish_reason == "abort"
 
 
+def test_a_cleared_cache_drops_the_idle_prefills_submitted_before(tiny, make_engine) -> None:
+    """DELETE /v1/cache/prefix means empty: a next turn queued before it (or one chunk into
+    it) stores nothing afterwards, while one submitted after the clear runs as usual."""
+    engine = make_engine(tiny, block_size=8)
+    before: list[Event] = []
+    waiting: list[Event] = []
+    engine.submit(idle(list(range(200, 264))), before.append)
+    engine.submit(idle(list(range(300, 364))), waiting.append)
+    engine.step()  # one chunk of the first, stored
+    engine.clear_prefix_cache()
+    engine.run_until_idle()
+    assert before[-1].finish_reason == "abort" and waiting[-1].finish_reason == "abort"
+    assert engine.cache.stats.entry_count == 0
+
+    after: list[Event] = []
+    engine.submit(idle(list(range(400, 464))), after.append)
+    engine.run_until_idle()
+    assert after[-1].finish_reason == "prefilled" and engine.cache.stats.entry_count == 8
+
+    # A next turn scheduled before the clear but handed over after it (rendering takes a
+    # while on the next-turn thread) is dropped too.
+    late: list[Event] = []
+    engine.submit(idle(list(range(500, 564))), late.append, clears_seen=engine.clears - 1)
+    engine.run_until_idle()
+    assert late[-1].finish_reason == "abort" and engine.cache.stats.entry_count == 8
+
+
 def test_the_next_turn_prefix_ends_where_the_next_message_starts(embedded) -> None:
     builder = PromptBuilder(embedded.tokenizer)
     history = [
