@@ -55,8 +55,8 @@ from warmfleet_router.policy.scorers import (
     TieHash,
     TimeSaved,
     bands,
+    prefill_saved,
     rendezvous,
-    saved_us,
 )
 
 __all__ = [
@@ -94,6 +94,6 @@ __all__ = [
     "capacity",
     "choose",
     "eligible",
+    "prefill_saved",
     "rendezvous",
-    "saved_us",
 ]

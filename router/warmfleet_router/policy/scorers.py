@@ -45,12 +45,16 @@ class CachedTokens:
 
 
 class TimeSaved:
-    """The prefill time the backend's cache would save the request, from the costs it
-    measured at start: RAM tokens x (prefill - RAM restore) + disk tokens x (prefill -
-    disk read - RAM restore: a block read from disk is then restored like a RAM one), so
-    a RAM hit beats a disk hit beats a miss. Disk tokens without a disk read cost and
-    peer tokens (not priced yet) save nothing. A backend that published no costs is
-    priced as its cached tokens in RAM at the median RAM saving of those that did.
+    """The prefill time the backend's cache would save the request, in tokens of its own
+    prefill, from the costs it measured at start: RAM tokens x (1 - restore / prefill) +
+    disk tokens x (1 - (disk read + restore) / prefill: a block read from disk is then
+    restored like a RAM one), so a RAM hit beats a disk hit beats a miss. Relative to the
+    backend's own prefill, so a machine that measured a slower prefill (noise, or a
+    busy moment at start) is not preferred for it: in a clean CI run absolute savings
+    sent every warm request to the one of three equal daemons that measured slowest.
+    Disk tokens without a disk read cost and peer tokens (not priced yet) save nothing.
+    A backend that published no costs is priced as its cached tokens in RAM at the
+    median RAM saving of those that did.
 
     Savings within `tolerance` of a better one count as equal (bands from the best
     down), so load decides between them: measured costs carry a few percent of noise,
@@ -65,11 +69,11 @@ class TimeSaved:
         self.tolerance = tolerance
 
     def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
-        known = [_ram_saving_us(c.costs) for c in candidates if c.costs is not None]
+        known = [_ram_saving_share(c.costs) for c in candidates if c.costs is not None]
         if not known:
             return [c.cached_tokens for c in candidates]
         typical = statistics.median(known)
-        return bands([saved_us(c, typical) for c in candidates], self.tolerance)
+        return bands([prefill_saved(c, typical) for c in candidates], self.tolerance)
 
     def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
         return pick.cached_tokens > 0
@@ -102,20 +106,26 @@ class FasterTier:
         return pick.cached_tokens > 0
 
 
-def saved_us(candidate: Candidate, typical_ram_saving_us: float) -> float:
-    """Microseconds of prefill the candidate's predicted hit saves (see TimeSaved)."""
+def prefill_saved(candidate: Candidate, typical_ram_saving: float) -> float:
+    """The prefill the candidate's predicted hit saves, in tokens of its own prefill
+    (see TimeSaved)."""
     costs = candidate.costs
     if costs is None:
-        return candidate.cached_tokens * typical_ram_saving_us
-    saved = candidate.ram_tokens * _ram_saving_us(costs)
+        return candidate.cached_tokens * typical_ram_saving
+    saved = candidate.ram_tokens * _ram_saving_share(costs)
     if costs.disk_read_us_per_token is not None:
         disk_cost = costs.disk_read_us_per_token + costs.ram_restore_us_per_token
-        saved += candidate.disk_tokens * (costs.prefill_us_per_token - disk_cost)
+        saved += candidate.disk_tokens * (1.0 - disk_cost / _prefill_us(costs))
     return saved
 
 
-def _ram_saving_us(costs: TierCosts) -> float:
-    return costs.prefill_us_per_token - costs.ram_restore_us_per_token
+def _prefill_us(costs: TierCosts) -> float:
+    return max(costs.prefill_us_per_token, 1e-9)  # measured, but never divide by zero
+
+
+def _ram_saving_share(costs: TierCosts) -> float:
+    """The share of a token's prefill a RAM hit saves."""
+    return 1.0 - costs.ram_restore_us_per_token / _prefill_us(costs)
 
 
 class LeastLoad:
