@@ -28,7 +28,6 @@ start from nothing there (the shared system prompt is not a RAM hit for either).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -86,50 +85,8 @@ def router_status(url: str) -> dict[str, Any]:
 
 def routed(url: str, messages: list[dict[str, Any]], key: str, max_tokens: int) -> tuple[Turn, str]:
     """One streamed turn through the router with a session key: the turn and the backend."""
-    backend: list[str] = []
-    t = turn_with_headers(url, messages, max_tokens, {"x-session-affinity": key}, backend)
-    return t, backend[0]
-
-
-def turn_with_headers(
-    url: str,
-    messages: list[dict[str, Any]],
-    max_tokens: int,
-    headers: dict[str, str],
-    backend: list[str],
-) -> Turn:
-    body = {
-        "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-        "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
-    start = time.perf_counter()
-    first = None
-    text = ""
-    usage: dict[str, Any] = {}
-    with httpx.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=1800
-    ) as r:
-        r.raise_for_status()
-        backend.append(r.headers.get("x-warmfleet-backend", ""))
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text += piece
-    first = first or time.perf_counter()
-    details = usage.get("prompt_tokens_details") or {}
-    return Turn(
-        first - start,
-        int(usage.get("prompt_tokens", 0)),
-        int(usage.get("completion_tokens", 0)),
-        details.get("cached_tokens"),
-        text,
-    )
+    t = turn(url, "default", messages, max_tokens, {"x-session-affinity": key})
+    return t, t.backend
 
 
 class Load:

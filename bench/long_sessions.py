@@ -97,6 +97,7 @@ class Turn:
     completion_tokens: int
     cached_tokens: int | None
     text: str
+    backend: str = ""  # x-warmfleet-backend: where the router sent it
 
 
 @dataclass
@@ -134,7 +135,13 @@ def history(tokenizer: Any, rng: random.Random, system: str, target: int, n: int
     return Session(messages)
 
 
-def turn(url: str, model: str, messages: list[dict[str, Any]], max_tokens: int) -> Turn:
+def turn(
+    url: str,
+    model: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    headers: dict[str, str] | None = None,
+) -> Turn:
     body = {
         "model": model,
         "messages": messages,
@@ -147,8 +154,11 @@ def turn(url: str, model: str, messages: list[dict[str, Any]], max_tokens: int) 
     first = None
     text = ""
     usage: dict[str, Any] = {}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=1800) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=1800
+    ) as r:
         r.raise_for_status()
+        backend = r.headers.get("x-warmfleet-backend", "")  # when a router answered
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -168,6 +178,7 @@ def turn(url: str, model: str, messages: list[dict[str, Any]], max_tokens: int) 
         int(usage.get("completion_tokens", 0)),
         details.get("cached_tokens"),
         text,
+        backend,
     )
 
 

@@ -255,17 +255,7 @@ class Fleet:
             for b in backends
         }
         hits = {b.name: self.index.predict_tiers(b.name, blocks[b.name]) for b in backends}
-        candidates = [
-            Candidate(
-                b.name,
-                b.in_flight,
-                hits[b.name].total,
-                disk_tokens=hits[b.name].disk,
-                peer_tokens=hits[b.name].peer,
-                costs=b.costs,
-            )
-            for b in backends
-        ]
+        candidates = [_scored(b, hits[b.name]) for b in backends]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
         self._turn += 1
         request = RoutingRequest(
@@ -476,18 +466,7 @@ class Fleet:
         ]
         if not ready or draining.fingerprint is None:
             return None
-        hits = {b.name: self.index.predict_tiers(b.name, session.blocks) for b in ready}
-        candidates = [
-            Candidate(
-                b.name,
-                b.in_flight,
-                hits[b.name].total,
-                disk_tokens=hits[b.name].disk,
-                peer_tokens=hits[b.name].peer,
-                costs=b.costs,
-            )
-            for b in ready
-        ]
+        candidates = [_scored(b, self.index.predict_tiers(b.name, session.blocks)) for b in ready]
         self._turn += 1
         request = RoutingRequest(
             tie_key=session.key.encode(), affinity=session.key, turn=self._turn
@@ -571,3 +550,15 @@ def _candidate(backend: Backend) -> Candidate:
 def _source(backend: Backend) -> str:
     """What the index's prediction for this backend rests on right now."""
     return {"following": "events", "history": "history"}.get(backend.index_mode, "resyncing")
+
+
+def _scored(backend: Backend, hit: TierHit) -> Candidate:
+    """The backend as the policy sees it: its load and its predicted hit by tier."""
+    return Candidate(
+        backend.name,
+        backend.in_flight,
+        hit.total,
+        disk_tokens=hit.disk,
+        peer_tokens=hit.peer,
+        costs=backend.costs,
+    )
