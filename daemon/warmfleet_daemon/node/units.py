@@ -3,6 +3,8 @@ plistlib) and a systemd unit. Pure: no files, no processes."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import plistlib
 import re
 from collections.abc import Mapping, Sequence
@@ -11,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 DESCRIPTION = "warmfleet daemon: OpenAI-compatible API with a warm prefix cache"
+# SIGTERM drains (--drain-seconds, 10 s by default: peers copy its sessions), then uvicorn
+# finishes requests (5 s) and the disk tier saves RAM's blocks (up to 30 s): the service
+# manager waits that long, plus slack, before SIGKILL.
+DEFAULT_DRAIN_SECONDS = 10.0
+STOP_AFTER_DRAIN_SECONDS = 50
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,20 @@ class ServiceSpec:
     def unit_name(self) -> str:
         return f"warmfleet-{self.name}.service"
 
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds between SIGTERM and SIGKILL: the daemon's drain, then its shutdown."""
+        drain = DEFAULT_DRAIN_SECONDS
+        args = list(self.command)
+        for i, arg in enumerate(args):
+            value = args[i + 1] if arg == "--drain-seconds" and i + 1 < len(args) else None
+            if arg.startswith("--drain-seconds="):
+                value = arg.split("=", 1)[1]
+            if value is not None:
+                with contextlib.suppress(ValueError):  # serve refuses it at install
+                    drain = max(0.0, float(value))
+        return math.ceil(drain) + STOP_AFTER_DRAIN_SECONDS
+
 
 def launchd_plist(spec: ServiceSpec) -> dict[str, Any]:
     plist: dict[str, Any] = {
@@ -44,6 +65,8 @@ def launchd_plist(spec: ServiceSpec) -> dict[str, Any]:
         "ThrottleInterval": 10,
         # Not throttled like a background job: it serves interactive requests (Metal).
         "ProcessType": "Interactive",
+        # launchd's default of 20 s before SIGKILL is shorter than a drain (SIGTERM).
+        "ExitTimeOut": spec.stop_timeout,
     }
     if spec.environment:
         plist["EnvironmentVariables"] = dict(spec.environment)
@@ -82,9 +105,7 @@ def systemd_unit(spec: ServiceSpec) -> str:
     lines += [
         "Restart=always",
         "RestartSec=5",
-        # SIGTERM drains (--drain-seconds, 10 s by default: peers copy its sessions), then
-        # uvicorn finishes requests (5 s) and the disk tier saves RAM's blocks (up to 30 s).
-        "TimeoutStopSec=60",
+        f"TimeoutStopSec={spec.stop_timeout}",
         "NoNewPrivileges=yes",
         "",
         "[Install]",

@@ -54,6 +54,7 @@ def test_launchd_plist(tmp_path: Path, token: Path, monkeypatch: pytest.MonkeyPa
         plist = plistlib.load(f)
     assert plist["Label"] == "io.warmfleet.daemon"
     assert plist["RunAtLoad"] is True and plist["KeepAlive"] is True
+    assert plist["ExitTimeOut"] == 60  # launchd's 20 s default would cut the drain short
     assert plist["StandardOutPath"] == str(tmp_path / "logs" / "daemon.out.log")
     assert plist["StandardErrorPath"] == str(tmp_path / "logs" / "daemon.err.log")
     assert (tmp_path / "logs").is_dir()
@@ -116,6 +117,16 @@ def test_launchdaemon_runs_as_the_given_user(tmp_path: Path) -> None:
     plist = plistlib.loads((tmp_path / "units" / "io.warmfleet.daemon.plist").read_bytes())
     assert plist["UserName"] == "warmfleet"
     assert plist["StandardErrorPath"].startswith("/Library/Logs/warmfleet/")
+
+
+def test_the_service_manager_waits_out_a_longer_drain(tmp_path: Path) -> None:
+    """SIGTERM drains for --drain-seconds before the daemon shuts down: neither launchd
+    nor systemd may SIGKILL it during the drain."""
+    assert _install(tmp_path, "--launchd", "--drain-seconds", "45") == 0
+    plist = plistlib.loads((tmp_path / "units" / "io.warmfleet.daemon.plist").read_bytes())
+    assert plist["ExitTimeOut"] == 95
+    assert _install(tmp_path, "--systemd", "--drain-seconds", "45") == 0
+    assert "TimeoutStopSec=95" in (tmp_path / "units" / "warmfleet-daemon.service").read_text()
 
 
 @needs_systemd
