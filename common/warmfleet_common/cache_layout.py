@@ -120,6 +120,11 @@ class LayoutTokenizer:
         self._kwargs = dict(layout.chat_template_kwargs)
         self.chat_template = getattr(self._hf, "chat_template", None)
 
+    @property
+    def backend_tokenizer(self) -> Any:
+        """The Rust `tokenizers.Tokenizer` (what `PieceEncoder` cuts texts for)."""
+        return self._hf.backend_tokenizer
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
 

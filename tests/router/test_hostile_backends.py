@@ -374,15 +374,15 @@ async def test_a_prompt_over_every_context_is_refused_before_it_is_tokenized(
     backend = await start(fleet)
     await until(lambda: backend.fingerprint == layout.fingerprint and backend.context_length == 64)
     encoded: list[str] = []
-    from warmfleet_router.tokenizing import FastLayoutTokenizer
+    from warmfleet_common.prompts import PromptBuilder
 
-    real = FastLayoutTokenizer.encode
+    real = PromptBuilder._encode
 
-    def counted(self: FastLayoutTokenizer, text: str, *args: Any, **kwargs: Any) -> list[int]:
+    def counted(self: PromptBuilder, text: str, **kwargs: Any) -> list[int]:
         encoded.append(text)
-        return real(self, text, *args, **kwargs)
+        return real(self, text, **kwargs)
 
-    monkeypatch.setattr(FastLayoutTokenizer, "encode", counted)
+    monkeypatch.setattr(PromptBuilder, "_encode", counted)
     small = await fleet.plan(CHAT, chat(), {})
     assert small.blocks["d"].keys and encoded  # keyed as usual
     encoded.clear()
