@@ -119,6 +119,7 @@ def test_stream_progress_holds_back_only_the_opening() -> None:
     assert anthropic_output({"type": "content_block_delta"})
     assert not responses_output({"type": "response.created"})
     assert not responses_output({"type": "response.in_progress"})
+    assert responses_output({"type": "keepalive"})  # a long prefill, as with ping
     assert responses_output({"type": "response.output_text.delta"})
 
 

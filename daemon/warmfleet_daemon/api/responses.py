@@ -19,7 +19,10 @@ from warmfleet_daemon.api.output import Piece, merge
 from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, Usage
 
-KEEP_ALIVE_S = 5.0  # an SSE comment while a long prompt is prefilled
+# While a long prompt is prefilled: a `keepalive` event, as OpenAI's own Responses API
+# sends on long requests. Codex restarts a stream after 300 s without an event (an SSE
+# comment does not count) and ignores event types it does not know.
+KEEP_ALIVE_S = 5.0
 
 
 def _id(prefix: str) -> str:
@@ -265,7 +268,7 @@ async def stream(
         async with aclosing(events), aclosing(gen.heartbeat(events, KEEP_ALIVE_S)) as beats:
             async for item in beats:
                 if item is None:
-                    yield b": keep-alive\n\n"
+                    yield state.event("keepalive")
                     continue
                 _, event = item
                 if event.finish_reason in ("error", "abort"):

@@ -158,6 +158,23 @@ def test_the_stream_numbers_every_event_and_ends_completed(url: str, client: ope
     assert names[0] == "response.created" and names[-1] == "response.completed"
 
 
+def test_keepalive_events_fill_the_silence_of_a_long_prefill(
+    client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events, not SSE comments: Codex gives up on a stream after 300 s without an event
+    (stream_idle_timeout_ms); the SDK's stream helper passes them by."""
+    from warmfleet_daemon.api import responses
+
+    monkeypatch.setattr(responses, "KEEP_ALIVE_S", 0.0005)
+    with client.responses.stream(model="scripted", **CODEX) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert "keepalive" in kinds and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [i.type for i in final.output] == ["message", "function_call"]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
