@@ -16,9 +16,11 @@ the scripted text. Codex's thread then takes one more turn with `codex exec resu
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,13 +42,30 @@ def call(name: str, arguments: dict[str, object]) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
+class SlowFirstPrefill(ScriptedModel):
+    """A scripted model whose first request's prefill takes `seconds` more (once past its
+    first 1,000 tokens: not the daemon's own short probes at start): a long cold prefill."""
+
+    def __init__(self, *args: Any, seconds: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seconds = seconds
+
+    def __call__(self, inputs: Any, cache: Any = None) -> Any:
+        if self.seconds and cache is not None and cache[0].offset > 1000:
+            time.sleep(self.seconds)
+            self.seconds = 0.0
+        return super().__call__(inputs, cache)
+
+
 @contextmanager
-def scripted_daemon(*turns: str) -> Iterator[tuple[str, Recorder, ScriptedModel]]:
+def scripted_daemon(
+    *turns: str, slow_first_prefill: float = 0.0
+) -> Iterator[tuple[str, Recorder, ScriptedModel]]:
     """A daemon whose model says `turns[n]` on the n-th assistant turn, with a context
     the agents' ~13k-token requests fit in; yields its URL, the requests it was sent
     and the model (the prompts it was asked to continue)."""
     tokenizer = model("tiny-random").tokenizer
-    scripted = ScriptedModel(tokenizer, list(turns))
+    scripted = SlowFirstPrefill(tokenizer, list(turns), seconds=slow_first_prefill)
     loaded = LoadedModel(scripted, tokenizer, NAME, "a script", 32768, False)  # type: ignore[arg-type]
     engine = Engine(loaded, EngineConfig(block_size=32, cache_budget_bytes=1 << 28))
     recorder = Recorder(
@@ -128,3 +147,18 @@ def test_codex_runs_a_command_and_answers_from_it_then_resumes(tmp_path: Path) -
     assert third["input"][: len(second["input"])] == second["input"]
     assert third["prompt_cache_key"] == second["prompt_cache_key"] == run.thread()
     assert again.usage()["cached_input_tokens"] >= len(scripted.prompts[-2]) - 64
+
+
+@needs(CODEX)
+def test_codex_waits_out_a_prefill_longer_than_its_stream_idle_timeout(tmp_path: Path) -> None:
+    """Codex restarts a stream after `stream_idle_timeout_ms` without an SSE event; the
+    daemon's `keepalive` events during a prefill three times that long keep its one
+    request alive (SSE comments did not: it sent the request again)."""
+    home, work = workspace(tmp_path)
+    with scripted_daemon("Still here.", slow_first_prefill=24.0) as (url, recorder, scripted):
+        run = codex(
+            home, url, "Say something.", model=NAME, cwd=work, idle_timeout_ms=8000, timeout=240
+        )
+        assert run.said() == ["Still here."]
+        assert len(recorder.bodies("/v1/responses")) == 1  # no retry
+        assert scripted.seconds == 0.0  # the slow prefill did happen

@@ -125,13 +125,17 @@ class CodexRun:
         return str(thread)
 
 
-def codex_home(home: Path, url: str, model: str) -> dict[str, str]:
-    """CODEX_HOME=home with a Responses model provider at `url`; the environment."""
+def codex_home(
+    home: Path, url: str, model: str, idle_timeout_ms: int | None = None
+) -> dict[str, str]:
+    """CODEX_HOME=home with a Responses model provider at `url` (and its
+    `stream_idle_timeout_ms`, when given); the environment."""
     (home / "config.toml").write_text(
         f'model = "{model}"\nmodel_provider = "warmfleet"\n'
         "[model_providers.warmfleet]\n"
         f'name = "warmfleet"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
         'env_key = "WARMFLEET_API_KEY"\n'
+        + (f"stream_idle_timeout_ms = {idle_timeout_ms}\n" if idle_timeout_ms else "")
     )
     return {
         "PATH": os.environ["PATH"],
@@ -151,11 +155,12 @@ def codex(
     resume: str | None = None,
     timeout: float = 300,
     check: bool = True,
+    idle_timeout_ms: int | None = None,
 ) -> CodexRun:
     """`codex exec --json --skip-git-repo-check ARGS PROMPT` (with `resume`: `codex exec
     resume THREAD PROMPT`, the thread's next turn), events timed as they arrive; with
     `check`, it must exit 0 (a failed turn exits 1)."""
-    env = codex_home(home, url, model)
+    env = codex_home(home, url, model, idle_timeout_ms)
     verb = ["resume", resume] if resume else []
     command = [str(CODEX), "exec", "--json", "--skip-git-repo-check", *args, *verb, prompt]
     run = CodexRun()
