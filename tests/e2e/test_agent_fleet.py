@@ -211,6 +211,7 @@ def test_claude_code_three_turns_through_the_warm_fleet(
         run = claude(
             home, fleet.url, prompt, *args, model=MODEL, cwd=work,
             max_output_tokens=MAX_OUTPUT, timeout=TURN_TIMEOUT,
+            check=False,  # judged by ended(): the tiny model may not stop within the limit
         )  # fmt: skip
         result = run.result
         record_property(
