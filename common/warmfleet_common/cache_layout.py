@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from warmfleet_common.rendering import FastRenderer, plain_messages
+
 
 class TierCosts(BaseModel):
     """What a prompt token costs this daemon, measured at start on its own hardware."""
@@ -119,6 +121,7 @@ class LayoutTokenizer:
             self._hf = AutoTokenizer.from_pretrained(tmp)
         self._kwargs = dict(layout.chat_template_kwargs)
         self.chat_template = getattr(self._hf, "chat_template", None)
+        self._fast = FastRenderer.checked(self._hf, self._kwargs) if self.chat_template else None
 
     @property
     def backend_tokenizer(self) -> Any:
@@ -132,6 +135,9 @@ class LayoutTokenizer:
         return str(self._hf.decode(list(tokens)))
 
     def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+        if self._fast is not None and kwargs.get("tokenize") is False and plain_messages(messages):
+            kwargs.pop("tokenize")
+            return self._fast.render(messages, **kwargs)
         for key, value in self._kwargs.items():
             kwargs.setdefault(key, value)
         kwargs["return_dict"] = False

@@ -19,7 +19,7 @@ import re
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,22 @@ class PieceEncoder:
                 out.extend(ids)
         return out
 
+    def common_prefix(self, texts: Sequence[str]) -> tuple[int, list[int]]:
+        """How many tokens every text's encoding starts with, and the first text's
+        tokens up to there. The texts' shared head is cut at its last added token that
+        no text can read differently (every match before it is decided within the shared
+        characters), encoded once, and only the differing tails are encoded per text."""
+        shared = _common_text(texts)
+        cut = 0
+        for match in self._splitter.matches(shared):
+            if match.end() > len(shared) - self._splitter.longest:
+                break
+            cut = match.end()
+        head = self.encode(shared[:cut])
+        tails = [self.encode(t[cut:]) for t in texts]
+        same = _common_length(tails)
+        return len(head) + same, head + tails[0][:same]
+
     # -- helpers ----------------------------------------------------------------
 
     def _remember(self, piece: str, ids: array[int]) -> None:
@@ -133,9 +149,34 @@ class _Splitter:
     def __init__(self, tokens: list[str]) -> None:
         ordered = sorted(tokens, key=len, reverse=True)  # leftmost-longest, as tokenizers
         self._pattern = re.compile("(" + "|".join(re.escape(t) for t in ordered) + ")")
+        self.longest = len(ordered[0]) if ordered else 0
 
     def split(self, text: str) -> list[str]:
         return self._pattern.split(text)
+
+    def matches(self, text: str) -> Iterator[re.Match[str]]:
+        return self._pattern.finditer(text)
+
+
+def _common_text(texts: Sequence[str]) -> str:
+    """The characters every text starts with (bisection: slices compare in C)."""
+    low, high = min(texts), max(texts)
+    same, differ = 0, min(len(low), len(high)) + 1
+    while differ - same > 1:
+        middle = (same + differ) // 2
+        if low[:middle] == high[:middle]:
+            same = middle
+        else:
+            differ = middle
+    return low[:same]
+
+
+def _common_length(sequences: Sequence[Sequence[int]]) -> int:
+    first, n = sequences[0], min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences[1:]):
+            return i
+    return n
 
 
 def _splitter(backend: Any) -> _Splitter | None:

@@ -329,17 +329,22 @@ class PromptBuilder:
                 return self._content_starts[key]
         cut: tuple[int, bytes] | None = None
         try:
-            probes = [
-                self._encode(
-                    self._render(
-                        [*head, {"role": role, "content": p}], tools, False, template_kwargs
-                    ),
-                    add_special_tokens=False,
-                )
+            texts = [
+                self._render([*head, {"role": role, "content": p}], tools, False, template_kwargs)
                 for p in _PROBES
             ]
-            common = _common_prefix(probes)
-            cut = (common, _digest(probes[0][:common])) if common else None
+            if self._pieces is not None:  # the shared head tokenized once, not per probe
+                for text in texts:
+                    _check_unicode(text)
+                try:
+                    common, shared = self._pieces.common_prefix(texts)
+                except (TypeError, ValueError) as exc:  # the tokenizers library's input errors
+                    raise PromptError(f"cannot tokenize this text: {exc}") from exc
+            else:
+                probes = [self._encode(t, add_special_tokens=False) for t in texts]
+                common = _common_prefix(probes)
+                shared = probes[0][:common]
+            cut = (common, _digest(shared)) if common else None
         except PromptError:
             cut = None  # e.g. templates that insist on alternating roles
         with self._memo_lock:

@@ -92,3 +92,23 @@ def test_a_tokenizer_whose_pieces_are_not_independent_gets_no_memo() -> None:
         backend_tokenizer = Backend()
 
     assert PieceEncoder.of(Tokenizer()) is None
+
+
+def test_the_common_prefix_of_texts_is_that_of_their_encodings(tokenizer: Any) -> None:
+    pieces = PieceEncoder.of(tokenizer)
+    assert pieces is not None
+    head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n"
+    cases = [
+        [head + p + "<|im_end|>\n" for p in ("x", " x", "\n\nx", "1", "éx")],
+        [head + "<|im_end|>", head + "<|im_start|>", head + "<|im_"],  # differ inside a token
+        ["<|im_start|>", "<|im_start|>user", "<|im_start|>"],
+        ["same text", "same text"],
+        ["a", "b"],
+    ]
+    for texts in cases:
+        encoded = [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        common = next(
+            (i for i in range(min(map(len, encoded))) if len({e[i] for e in encoded}) > 1),
+            min(map(len, encoded)),
+        )
+        assert pieces.common_prefix(texts) == (common, encoded[0][:common]), texts
