@@ -52,8 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--key-workers",
         type=int,
         default=2,
-        help="processes that parse, check and tokenize requests (off the event loop); "
-        "bodies over 256 KiB have one of them to themselves; 0: threads of the router",
+        help="processes that parse, check and tokenize request bodies over 256 KiB (off the "
+        "router's GIL); smaller ones are prepared on threads of the router, never on its "
+        "event loop; 0: threads for all",
     )
     p.add_argument(
         "--request-timeout",

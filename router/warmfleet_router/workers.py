@@ -1,13 +1,16 @@
-"""Where requests are prepared (parsed, checked, keyed: `prepare`): key worker
-processes (`worker.py`), so no request's JSON or tokenizing runs on the router's event
-loop or holds its GIL. The event loop talks to each over its stdin and stdout (framed
-pickles, in order), with no thread in between. Two lanes: bodies over `large_bytes` go
-to a worker of their own, so a few huge prompts never queue the small ones behind them;
-within a lane, the worker with the fewest jobs waiting. Layouts reach the workers as
-files in a private directory, and every worker builds a layout's keyer when it
-arrives. A worker that dies is started again, and its requests are prepared on a
-thread meanwhile. `workers=0` prepares on threads of the router process instead (tests,
-and a router that must stay one process).
+"""Where requests are prepared (parsed, checked, keyed: `prepare`), never on the
+router's event loop. Bodies up to `large_bytes` (256 KiB: prompts of up to ~60k tokens)
+on a thread of the router process; larger ones in key worker processes (`worker.py`),
+so a few huge prompts never hold the router's GIL for seconds. A handoff to another
+process cost more CPU than keying a 1k-token prompt itself (a context switch and four
+pipe transfers per request: bench/router_overhead.py, docs/PERFORMANCE.md), so the
+common case stays in the process. The event loop talks to each worker over its stdin
+and stdout (framed pickles, in order), with no thread in between; a large body goes to
+the worker with the fewest jobs waiting. Layouts reach the workers as files in a private
+directory, and every worker (and the router's own threads) builds a layout's keyer when
+it arrives. A worker that dies is started again, and its requests are prepared on a
+thread meanwhile. `workers=0` prepares everything on threads (a router that must stay
+one process).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import shutil
 import sys
 import tempfile
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_router.prepare import Invalid, Job, KeyerCache, Prepared, prepare
@@ -32,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LARGE_BYTES = 256 << 10
 _HEADER = 8
+T = TypeVar("T")
 
 
 class WorkerGone(Exception):
@@ -129,32 +135,25 @@ class KeyingPool:
     def __init__(self, workers: int = 0, large_bytes: int = DEFAULT_LARGE_BYTES) -> None:
         self._directory = Path(tempfile.mkdtemp(prefix="warmfleet-router-layouts-"))
         self._large_bytes = large_bytes
-        self._local: KeyerCache | None = None  # threads: with no workers, or as a fallback
+        self._local = KeyerCache(self._directory)  # the router's own threads
+        # Two: one large body on a thread (no workers) does not queue every small one.
+        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="key-thread")
         self.workers = workers
-        small = [_Worker(f"key-worker-{i}", self._directory) for i in range(max(0, workers - 1))]
-        large = [_Worker(f"key-worker-{max(0, workers - 1)}", self._directory)] if workers else []
-        self._lanes = (small or large, large)
+        self._workers = [_Worker(f"key-worker-{i}", self._directory) for i in range(workers)]
         self.usable: dict[str, bool] = {}  # fingerprint -> a keyer could be built
         self._adding: dict[str, asyncio.Lock] = {}
 
     @property
     def pids(self) -> list[int]:
-        return [w.pid for lane in self._lanes for w in lane if w.pid is not None]
-
-    def _threads(self) -> KeyerCache:
-        if self._local is None:
-            self._local = KeyerCache(self._directory)
-        return self._local
+        return [w.pid for w in self._workers if w.pid is not None]
 
     async def start(self) -> None:
         """Start the workers now (else on first use)."""
-        await asyncio.gather(*(w.start() for w in self._all()))
-
-    def _all(self) -> list[_Worker]:
-        return list(dict.fromkeys(w for lane in self._lanes for w in lane))
+        await asyncio.gather(*(w.start() for w in self._workers))
 
     async def add_layout(self, layout: CacheLayout) -> bool:
-        """Make a layout available to every worker; whether it is usable for keys."""
+        """Make a layout available to the threads and every worker; whether it is usable
+        for keys."""
         async with self._adding.setdefault(layout.fingerprint, asyncio.Lock()):
             if layout.fingerprint not in self.usable:
                 self.usable[layout.fingerprint] = await self._add(layout)
@@ -163,20 +162,18 @@ class KeyingPool:
     async def _add(self, layout: CacheLayout) -> bool:
         path = self._directory / f"{layout.fingerprint}.json"
         await asyncio.to_thread(_write_atomically, path, layout.model_dump_json())
-        if not self.workers:
-            return await asyncio.to_thread(self._threads().get, layout.fingerprint) is not None
+        here = self._on_thread(self._local.get, layout.fingerprint)
         try:
             loaded = await asyncio.gather(
-                *(w.call("load", layout.fingerprint) for w in self._all())
+                here, *(w.call("load", layout.fingerprint) for w in self._workers)
             )
         except WorkerGone:
-            return await asyncio.to_thread(self._threads().get, layout.fingerprint) is not None
-        return all(loaded)
+            return await self._on_thread(self._local.get, layout.fingerprint) is not None
+        return loaded[0] is not None and all(loaded[1:])
 
     async def prepare(self, job: Job) -> Prepared | Invalid:
-        if self.workers:
-            lane = self._lanes[1] if len(job.raw) > self._large_bytes else self._lanes[0]
-            worker = min(lane, key=lambda w: w.waiting)
+        if self._workers and len(job.raw) > self._large_bytes:
+            worker = min(self._workers, key=lambda w: w.waiting)
             try:
                 answer = await worker.call("prepare", job)
             except WorkerGone as exc:
@@ -184,10 +181,14 @@ class KeyingPool:
             else:
                 if isinstance(answer, (Prepared, Invalid)):
                     return answer
-        return await asyncio.to_thread(prepare, job, self._threads())
+        return await self._on_thread(prepare, job, self._local)
+
+    def _on_thread(self, function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._threads, function, *args)
 
     async def close(self) -> None:
-        await asyncio.gather(*(w.stop() for w in self._all()), return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in self._workers), return_exceptions=True)
+        self._threads.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self._directory, ignore_errors=True)
 
 

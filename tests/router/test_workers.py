@@ -1,6 +1,7 @@
 """Key worker processes: a request prepared there equals one prepared in the router, a
-layout reaches every worker, and a worker that dies costs no request (its requests are
-prepared on a thread, and it is started again)."""
+layout reaches every worker, a worker that dies costs no request (its requests are
+prepared on a thread, and it is started again), and small bodies never leave the
+router's process."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ BODY = json.dumps(
 async def test_workers_prepare_as_the_router_would_and_survive_a_death() -> None:
     layout = tiny_layout()
     job = Job("chat", BODY, (layout.fingerprint,), (("metadata", "user_id"),), 4096)
-    pool = KeyingPool(workers=2)
+    pool = KeyingPool(workers=2, large_bytes=0)  # every body is "large": on the workers
     try:
         await pool.start()
         assert await pool.add_layout(layout)
@@ -44,5 +45,31 @@ async def test_workers_prepare_as_the_router_would_and_survive_a_death() -> None
         later = await pool.prepare(job)
         assert isinstance(later, Prepared) and later.blocks == expected.blocks
         assert len(pool.pids) == 2
+    finally:
+        await pool.close()
+
+
+async def test_small_bodies_are_prepared_in_the_router_and_large_ones_on_workers() -> None:
+    layout = tiny_layout()
+    pool = KeyingPool(workers=1, large_bytes=len(BODY))
+    try:
+        assert await pool.add_layout(layout)  # loaded here and on the worker
+        small = await pool.prepare(Job("chat", BODY, (layout.fingerprint,)))
+        assert isinstance(small, Prepared) and small.blocks[layout.fingerprint].keys
+        (worker,) = pool._workers
+        started = worker.pid
+        calls: list[str] = []
+        real = worker.call
+
+        async def counted(kind: str, payload: object) -> object:
+            calls.append(kind)
+            return await real(kind, payload)
+
+        worker.call = counted  # type: ignore[method-assign]
+        again = await pool.prepare(Job("chat", BODY, (layout.fingerprint,)))
+        assert isinstance(again, Prepared) and again.blocks == small.blocks and calls == []
+        large = BODY.replace(b"be brief", b"be brief " * 8)
+        keyed = await pool.prepare(Job("chat", large, (layout.fingerprint,)))
+        assert isinstance(keyed, Prepared) and calls == ["prepare"] and worker.pid == started
     finally:
         await pool.close()
