@@ -151,3 +151,25 @@ def test_an_empty_admin_token_file_stops_the_router_with_exit_code_2(tmp_path: P
     )  # fmt: skip
     assert done.returncode == 2
     assert "is empty" in done.stdout + done.stderr
+
+
+def test_an_unexpected_error_on_a_proxied_route_is_a_json_500(
+    router: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxied routes skip FastAPI's middleware: their errors are still the API's
+    JSON, and the connection stays usable."""
+    from warmfleet_router import app as router_app
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(router_app, "forward", broken)
+    with httpx.Client(base_url=router, timeout=10) as client:
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+        answer = client.post("/v1/messages", json=body)
+        assert answer.status_code == 500
+        assert answer.json()["type"] == "error" and answer.json()["error"]["type"] == "api_error"
+        chat = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert chat.status_code == 500 and chat.json()["error"]["code"] == "internal_error"
+        assert client.get("/readyz").status_code == 200  # the same connection, still usable
+        assert client.get("/v1/chat/completions").status_code == 405  # FastAPI's, as before
