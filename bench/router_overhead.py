@@ -265,7 +265,13 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of each cell (medians)")
     p.add_argument("--router-cpu", type=int, default=0, help="the core the router runs on")
     p.add_argument("--key-workers", type=int, default=2)
-    p.add_argument("--peer", choices=["", "sglang"], default="")
+    p.add_argument(
+        "--peer",
+        choices=["", "sglang", "warmfleet"],
+        default="",
+        help="a router measured the same way: SGLang's, or another warmfleet build "
+        "(e.g. an earlier commit's venv) run with --peer-python",
+    )
     p.add_argument("--peer-python", default="python3")
     p.add_argument("--json", help="write the rows here too")
     p.add_argument("--fake-backend", nargs=2, metavar=("PORT", "LAYOUT"), help=argparse.SUPPRESS)
@@ -332,10 +338,14 @@ def main() -> int:
             routers = {"warmfleet": ["prefix"]}
             if args.peer == "sglang" and kind == "instant":
                 routers["sglang"] = ["cache_aware"]
+            if args.peer == "warmfleet":
+                routers["warmfleet-peer"] = ["prefix"]
             for router_name in routers:
                 port = free_port()
-                if router_name == "warmfleet":
-                    cmd = [*BIN, "router", *(a for u in urls for a in ("--backend", u)),
+                if router_name.startswith("warmfleet"):
+                    python = args.peer_python if router_name == "warmfleet-peer" else sys.executable
+                    cmd = [python, "-m", "warmfleet_cli", "router",
+                           *(a for u in urls for a in ("--backend", u)),
                            "--port", str(port), "--log-level", "warning",
                            "--key-workers", str(args.key_workers)]  # fmt: skip
                     ready = "/readyz"
