@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.contract import WarmSetStatus
+from warmfleet_common.grants import GRANT_PATTERN
 
 # A block key (16 bytes, warmfleet_common.chunking) in lowercase hex.
 BlockHex = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -233,6 +234,12 @@ class CachePull(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     peer: str = Field(max_length=2048, description="the peer's base URL (http or https)")
+    peer_grant: str | None = Field(
+        None,
+        pattern=GRANT_PATTERN,
+        description="a grant to read the peer's blocks (`warmfleet_common.grants`), "
+        "presented instead of the daemon's own admin token",
+    )
     blocks: list[PullBlock] = Field(min_length=1, max_length=4096)
     deadline_s: float = Field(30.0, gt=0, le=600, description="then the copy stops")
 

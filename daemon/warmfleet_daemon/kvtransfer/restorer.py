@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from warmfleet_common.chunking import Chunk
+from warmfleet_common.contract import PeerRef
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
@@ -57,7 +58,7 @@ class BlockRestorer:
         self.restored_tokens = 0
 
     def restore_then(
-        self, prompt: RenderedPrompt, peers: Sequence[str], then: Callable[[], None]
+        self, prompt: RenderedPrompt, peers: Sequence[PeerRef], then: Callable[[], None]
     ) -> None:
         """Restore in the background, then call `then` (which submits the warm-up)."""
         if self.snapshots is None and not peers and not self.default_peers:
@@ -74,7 +75,9 @@ class BlockRestorer:
 
         self._pool.submit(run)
 
-    def restore(self, prompt: RenderedPrompt, peers: Sequence[str] = ()) -> Restored:
+    def restore(self, prompt: RenderedPrompt, peers: Sequence[PeerRef] = ()) -> Restored:
+        """Copy what is not cached from the snapshots, then `peers` (each with its grant,
+        if any), then the default peers (`--warm-from`: with this daemon's token)."""
         started = time.perf_counter()
         chunks = self.engine.plan(prompt)
         index = 0
@@ -89,12 +92,14 @@ class BlockRestorer:
                     break
                 index += 1
                 from_disk += 1
-        sources = [*peers, *(p for p in self.default_peers if p not in peers)]
+        named = {p.url for p in peers}
+        sources = [*peers, *(PeerRef(url=p) for p in self.default_peers if p not in named)]
         deadline = time.monotonic() + self.peer_deadline_s
-        for url in sources:
+        for peer in sources:
             if index >= len(chunks) or self.peers is None or time.monotonic() >= deadline:
                 break
-            for position, payload in self.peers.fetch(url, prompt, chunks, index, deadline):
+            fetched = self.peers.fetch(peer.url, prompt, chunks, index, deadline, grant=peer.grant)
+            for position, payload in fetched:
                 if position != index or not self._insert(chunks, index, payload):
                     break
                 index += 1
