@@ -363,6 +363,7 @@ def test_nodes_with_their_own_tokens_hand_off_and_spill_with_grants(own: list[Da
         for d, token in zip(own, OWN_TOKENS)
     ]
     options = RouterOptions(handoff_sessions=1, sync=SyncOptions(health_interval=0.3))
+    logged = {d.url: len(d.log()) for d in own}  # what the tests before this one logged
     with serving(create_app(Nodes(specs), options)) as url:
         r = Daemon(url, None, "")  # type: ignore[arg-type]
         wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
@@ -396,5 +397,10 @@ def test_nodes_with_their_own_tokens_hand_off_and_spill_with_grants(own: list[Da
         copied = peer_hits(other) - before
         assert 0 < copied <= cached and cached - copied < 32
         assert spilled.json()["choices"] == first.json()["choices"]  # as computed from scratch
-        assert "401" not in other.log() and "403" not in other.log()
+        new_log = other.log()[logged[other.url] :]
+        assert "401" not in new_log and "403" not in new_log, new_log
+        # Its snapshot tells the copied blocks from those it computed.
+        token = OWN_TOKENS[own.index(other)]
+        snap = httpx.get(f"{other.url}/v1/cache/snapshot", headers=auth(token)).json()
+        assert {b["source"] for b in snap["blocks"]} == {"peer", "prefill"}
     draining.process.wait(timeout=DRAIN_S + 30)

@@ -23,7 +23,7 @@ from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
-from warmfleet_daemon.prefix_cache import InsertOutcome
+from warmfleet_daemon.prefix_cache import BlockSource, InsertOutcome
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class BlockRestorer:
         if self.snapshots is not None:
             while index < len(chunks):
                 payload = self.snapshots.read(chunks[index])
-                if payload is None or not self._insert(chunks, index, payload):
+                if payload is None or not self._insert(chunks, index, payload, "snapshot"):
                     break
                 index += 1
                 from_disk += 1
@@ -100,7 +100,7 @@ class BlockRestorer:
                 break
             fetched = self.peers.fetch(peer.url, prompt, chunks, index, deadline, grant=peer.grant)
             for position, payload in fetched:
-                if position != index or not self._insert(chunks, index, payload):
+                if position != index or not self._insert(chunks, index, payload, "peer"):
                     break
                 index += 1
                 from_peers += 1
@@ -120,9 +120,13 @@ class BlockRestorer:
             )
         return Restored(len(chunks), cached, from_disk, from_peers, tokens)
 
-    def _insert(self, chunks: list[Chunk], index: int, payload: kv.BlockPayload) -> bool:
+    def _insert(
+        self, chunks: list[Chunk], index: int, payload: kv.BlockPayload, source: BlockSource
+    ) -> bool:
         parent = chunks[index - 1].key if index else None
-        outcome = self.engine.cache.insert(chunks[index], parent, payload, payload.nbytes)
+        outcome = self.engine.cache.insert(
+            chunks[index], parent, payload, payload.nbytes, source=source
+        )
         return outcome in (InsertOutcome.STORED, InsertOutcome.PRESENT)
 
     def stop(self) -> None:

@@ -208,7 +208,9 @@ class PeerSpill:
                     break
                 chunk = chunks[index]
                 if chunk.key not in self.cache:
-                    outcome = self.cache.insert(chunk, parent, payload, payload.nbytes)
+                    outcome = self.cache.insert(
+                        chunk, parent, payload, payload.nbytes, source="peer"
+                    )
                     if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
                         job.held[chunk.key] = payload  # RAM will not take it: the prompt's
                 job.read.add(chunk.key)

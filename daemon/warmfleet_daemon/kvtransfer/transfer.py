@@ -107,7 +107,7 @@ class KVTransfer:
             )
             for index, payload in fetched:
                 chunk = chunks[first + index]
-                kept = cache.insert(chunk, parent, payload, payload.nbytes)
+                kept = cache.insert(chunk, parent, payload, payload.nbytes, source="peer")
                 held = kept in (InsertOutcome.STORED, InsertOutcome.PRESENT) or (
                     self.disk is not None and self.disk.store(chunk, parent, payload)
                 )
