@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from warmfleet_common.agent_apis.anthropic import MessagesPrefix
 from warmfleet_common.agent_apis.chat import ChatOptions, ChatPrompt
 from warmfleet_common.agent_apis.responses import ResponsesPrefix
+from warmfleet_common.grants import GRANT_PATTERN
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -161,6 +162,22 @@ class WarmPrompt(BaseModel):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
+class PeerRef(BaseModel):
+    """A warm peer named in a push, with a grant to read its blocks when the pusher
+    holds its admin token (`warmfleet_common.grants`): without one the daemon asks the
+    peer with its own admin token, which helps only when the two share it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(max_length=2048, description="the peer's base URL (http or https)")
+    grant: str | None = Field(
+        None,
+        pattern=GRANT_PATTERN,
+        description="`<expiry>.<hex>`: HMAC-SHA256 with the peer's admin token; read-only, "
+        "for its fingerprint and blocks, until the expiry (Unix seconds)",
+    )
+
+
 class WarmSetSpec(BaseModel):
     """Body of `PUT /v1/warm-sets/{namespace}/{name}`."""
 
@@ -182,21 +199,30 @@ class WarmSetSpec(BaseModel):
         description="the pusher's hash of what it resolved (e.g. ConfigMap contents); echoed "
         "in the status so it can tell whether a node has the latest",
     )
-    peers: list[str] = Field(
+    peers: list[str | PeerRef] = Field(
         default_factory=list,
         max_length=8,
-        description="base URLs of daemons known to be warm for this set: their blocks are "
-        "copied (when their KV fingerprint matches) before anything is prefilled; not part "
-        "of the content, so changing it re-warms nothing",
+        description="daemons known to be warm for this set, each a base URL or "
+        "`{url, grant}`: their blocks are copied (when their KV fingerprint matches) "
+        "before anything is prefilled; not part of the content, so changing it re-warms "
+        "nothing",
     )
 
     @field_validator("peers")
     @classmethod
-    def _peer_urls(cls, peers: list[str]) -> list[str]:
-        bad = [p for p in peers if len(p) > 2048 or not re.fullmatch(PEER_URL, p)]
+    def _peer_urls(cls, peers: list[str | PeerRef]) -> list[str | PeerRef]:
+        urls = [p if isinstance(p, str) else p.url for p in peers]
+        bad = [u for u in urls if len(u) > 2048 or not re.fullmatch(PEER_URL, u)]
         if bad:
             raise ValueError(f"peers must be http(s) base URLs; not: {', '.join(bad)}")
-        return [p.rstrip("/") for p in peers]
+        return [
+            p.rstrip("/") if isinstance(p, str) else p.model_copy(update={"url": p.url.rstrip("/")})
+            for p in peers
+        ]
+
+    def peer_refs(self) -> list[PeerRef]:
+        """`peers`, each as a `PeerRef` (a bare URL: no grant)."""
+        return [PeerRef(url=p) if isinstance(p, str) else p for p in self.peers]
 
     @field_validator("prompts")
     @classmethod

@@ -9,7 +9,8 @@ field, never a `KeyError` deep in a background task.
   `hello` opens the stream (the daemon's event `epoch`, a fresh one per daemon process,
   and its current `seq`); `stored`, `evicted` and `cleared` are cache changes numbered
   1, 2, 3... within an epoch; `heartbeat` repeats the last number sent; `reset` ends the
-  stream when the events asked for are gone: resync from a snapshot.
+  stream when the events asked for are gone: resync from a snapshot. A `stored` block
+  may say where its KV came from (`source`: prefill, peer, disk, snapshot).
 - `GET /v1/cache/snapshot` (admin): `CacheSnapshot`, every stored block and the event
   number it is current at.
 - `POST /v1/cache/pull` (admin): `CachePull` in, `CachePullResult` out (a drain
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.contract import WarmSetStatus
+from warmfleet_common.grants import GRANT_PATTERN
 
 # A block key (16 bytes, warmfleet_common.chunking) in lowercase hex.
 BlockHex = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -86,8 +88,17 @@ class _BlockEvent(_Wire):
     tier: Tier = "ram"
 
 
+# Where a stored block's KV came from, as the daemon knew it at store time: "prefill"
+# (computed there), "peer" (copied from another daemon: a spill, a warm-up's peer, a
+# drain handoff), "disk" (read back from its disk tier), "snapshot" (a warm snapshot).
+# Informational: a reader keeps a value it does not know (None: an older daemon, or a
+# block the disk tier stored, whose `tier` says it).
+Source = Annotated[str, Field(max_length=64)]
+
+
 class BlockStored(_BlockEvent):
     type: Literal["stored"] = "stored"
+    source: Source | None = None
 
 
 class BlockEvicted(_BlockEvent):
@@ -131,6 +142,7 @@ class SnapshotBlock(_Wire):
     # The disk tier holds it too (always for tier "disk"): when RAM evicts it, it is still
     # a disk block. False from daemons older than this field.
     on_disk: bool = False
+    source: Source | None = None  # where a RAM block's KV came from (as in `stored`)
 
 
 class CacheSnapshot(_Wire):
@@ -233,6 +245,12 @@ class CachePull(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     peer: str = Field(max_length=2048, description="the peer's base URL (http or https)")
+    peer_grant: str | None = Field(
+        None,
+        pattern=GRANT_PATTERN,
+        description="a grant to read the peer's blocks (`warmfleet_common.grants`), "
+        "presented instead of the daemon's own admin token",
+    )
     blocks: list[PullBlock] = Field(min_length=1, max_length=4096)
     deadline_s: float = Field(30.0, gt=0, le=600, description="then the copy stops")
 

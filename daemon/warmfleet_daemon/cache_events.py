@@ -46,21 +46,24 @@ class CacheEvent:
     end: int | None = None
     logits: bool | None = None  # the block holds its chunk's last-position logits
     tier: Tier = "ram"  # the tier it entered or left
+    source: str | None = None  # stored: where its KV came from (`BlockSource`)
 
     def as_wire(self) -> CacheChange:
         """The line `GET /v1/cache/events` sends for it."""
         if self.type == "cleared":
             return CacheCleared(seq=self.seq)
-        kind = BlockStored if self.type == "stored" else BlockEvicted
-        return kind(
-            seq=self.seq,
-            key=self.key or "",
-            parent=self.parent,
-            start=self.start,
-            end=self.end,
-            logits=bool(self.logits),
-            tier=self.tier,
-        )
+        fields = {
+            "seq": self.seq,
+            "key": self.key or "",
+            "parent": self.parent,
+            "start": self.start,
+            "end": self.end,
+            "logits": bool(self.logits),
+            "tier": self.tier,
+        }
+        if self.type == "stored":
+            return BlockStored(**fields, source=self.source)
+        return BlockEvicted(**fields)
 
 
 class Subscription:
@@ -113,6 +116,7 @@ class CacheEventLog(Generic[P]):
                 block.start,
                 block.end,
                 self._has_logits(block.payload),
+                source=block.source if kind == "stored" else None,
             )
 
     def record_block(
@@ -124,6 +128,7 @@ class CacheEventLog(Generic[P]):
         end: int | None = None,
         logits: bool | None = None,
         tier: Tier = "ram",
+        source: str | None = None,
     ) -> None:
         """One event; the disk tier calls this for its own (tier "disk")."""
         with self._lock:
@@ -140,6 +145,7 @@ class CacheEventLog(Generic[P]):
                     end,
                     logits,
                     tier,
+                    source,
                 )
             self._buffer.append(event)
             subscribers = list(self._subscribers)
@@ -177,4 +183,5 @@ class CacheEventLog(Generic[P]):
             logits=self._has_logits(block.payload),
             pinned=block.pinned,
             on_disk=on_disk,
+            source=block.source,
         )

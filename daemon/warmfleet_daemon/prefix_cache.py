@@ -71,6 +71,11 @@ class CacheStats:
         return self.hit_tokens
 
 
+# Where a stored block's KV came from: computed here, copied from a peer daemon, read
+# back from the disk tier, or from a warm snapshot.
+BlockSource = Literal["prefill", "peer", "disk", "snapshot"]
+
+
 @dataclass(frozen=True)
 class BlockView(Generic[P]):
     """One stored block as listeners and snapshots see it."""
@@ -81,6 +86,7 @@ class BlockView(Generic[P]):
     end: int
     payload: P
     pinned: bool
+    source: BlockSource = "prefill"
 
 
 # Called under the cache's lock with every change: ("stored", block), ("evicted", block)
@@ -140,10 +146,17 @@ class PrefixCache(Generic[P]):
     # -- store ----------------------------------------------------------------
 
     def insert(
-        self, chunk: Chunk, parent: BlockKey | None, payload: P, nbytes: int
+        self,
+        chunk: Chunk,
+        parent: BlockKey | None,
+        payload: P,
+        nbytes: int,
+        *,
+        source: BlockSource = "prefill",
     ) -> InsertOutcome:
         """Store one block. `parent` is the key of the chunk before it (None for the
-        first chunk of a prompt). Evicts unpinned LRU leaves to make room."""
+        first chunk of a prompt); `source`: where its KV came from (for listeners and
+        snapshots). Evicts unpinned LRU leaves to make room."""
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
         with self._lock:
@@ -168,7 +181,7 @@ class PrefixCache(Generic[P]):
                 self._rejected += 1
                 return InsertOutcome.OVER_BUDGET
             self._blocks[chunk.key] = _Block(
-                chunk.key, parent_block, chunk.start, chunk.end, payload, nbytes
+                chunk.key, parent_block, chunk.start, chunk.end, payload, nbytes, source
             )
             self._bytes += nbytes
             self._notify("stored", self._blocks[chunk.key])
@@ -307,11 +320,23 @@ class PrefixCache(Generic[P]):
 
 def _view(block: _Block[P]) -> BlockView[P]:
     parent = block.parent.key if block.parent is not None else None
-    return BlockView(block.key, parent, block.start, block.end, block.payload, block.pins > 0)
+    return BlockView(
+        block.key, parent, block.start, block.end, block.payload, block.pins > 0, block.source
+    )
 
 
 class _Block(Generic[P]):
-    __slots__ = ("children", "end", "key", "nbytes", "parent", "payload", "pins", "start")
+    __slots__ = (
+        "children",
+        "end",
+        "key",
+        "nbytes",
+        "parent",
+        "payload",
+        "pins",
+        "source",
+        "start",
+    )
 
     def __init__(
         self,
@@ -321,8 +346,10 @@ class _Block(Generic[P]):
         end: int,
         payload: P,
         nbytes: int,
+        source: BlockSource = "prefill",
     ) -> None:
         self.key = key
+        self.source = source
         self.parent = parent
         self.start = start
         self.end = end

@@ -442,7 +442,7 @@ class WarmManager:
                 done(Event("", finish_reason="error", error=str(exc)))
 
         if self.transfer is not None:  # what disk or peers have is not prefilled
-            self.transfer.restorer.restore_then(entry.rendered, warm_set.spec.peers, submit)
+            self.transfer.restorer.restore_then(entry.rendered, warm_set.spec.peer_refs(), submit)
         else:
             submit()
 

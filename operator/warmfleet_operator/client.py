@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from warmfleet_common.contract import WarmSetSpec, WarmSetStatus
+from warmfleet_common.contract import PeerRef, WarmSetSpec, WarmSetStatus
 from warmfleet_common.crd import Node, SecretRef, SetKey
+from warmfleet_common.grants import issue_grant
 from warmfleet_common.kube import SecretError
 from warmfleet_common.wire import DaemonStatus
 
@@ -78,7 +80,12 @@ class DaemonClient:
         )
         return None if r.status_code == 404 else _parse(WarmSetStatus, r)
 
-    async def put_warm_set(self, node: Node, key: SetKey, spec: WarmSetSpec) -> WarmSetStatus:
+    async def put_warm_set(
+        self, node: Node, key: SetKey, spec: WarmSetSpec, *, peers: Sequence[Node] = ()
+    ) -> WarmSetStatus:
+        """Push `spec`; each of its peers found in `peers` with an admin token gets a
+        grant to read that peer's blocks (the node would ask with its own token)."""
+        spec = await self._granted(spec, peers)
         path = f"/v1/warm-sets/{key.namespace}/{key.name}"
         body = spec.model_dump(mode="json", exclude_none=True)
         r = await self._call(node, "PUT", path, json=body, ok=(202, 409))
@@ -87,6 +94,25 @@ class DaemonClient:
             # nothing changed there, so report what it holds.
             r = await self._call(node, "GET", path, ok=(200,))
         return _parse(WarmSetStatus, r)
+
+    async def _granted(self, spec: WarmSetSpec, peers: Sequence[Node]) -> WarmSetSpec:
+        grants: dict[str, str] = {}
+        for peer in peers:
+            if peer.token_ref is None:
+                continue
+            try:
+                token = await self.tokens.token(peer.token_ref)
+            except SecretError as exc:  # that peer is then asked with the node's own token
+                log.warning("no grant for peer %s: %s", peer.name, exc.message)
+                continue
+            grants[peer.url] = issue_grant(token, peer.url)
+        if not grants:
+            return spec
+        named = [
+            PeerRef(url=p, grant=grants[p]) if isinstance(p, str) and p in grants else p
+            for p in spec.peers
+        ]
+        return spec.model_copy(update={"peers": named})
 
     async def delete_warm_set(self, node: Node, key: SetKey) -> bool:
         path = f"/v1/warm-sets/{key.namespace}/{key.name}"

@@ -26,6 +26,8 @@ class Observation:
 class Push:
     node: Node
     spec: WarmSetSpec
+    # The nodes `spec.peers` names: the client issues each a grant with its admin token.
+    peers: tuple[Node, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -225,7 +225,14 @@ def plan(
             continue  # retried at the next resync
         if _outdated(seen.status, desired):
             peers = warm_peers(node, desired, selected, observations)
-            pushes.append(Push(node, desired.model_copy(update={"peers": peers})))
+            by_url = {n.url: n for n in selected}
+            pushes.append(
+                Push(
+                    node,
+                    desired.model_copy(update={"peers": peers}),
+                    tuple(by_url[url] for url in peers),
+                )
+            )
     chosen = {n.name for n in selected}
     removes = [Remove(n) for n in holders if n.name not in chosen]
     return pushes, removes

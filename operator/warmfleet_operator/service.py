@@ -313,7 +313,9 @@ class Service:
     async def _push(self, key: SetKey, pushes: Sequence[Push]) -> dict[str, Observation]:
         async def one(push: Push) -> Observation:
             try:
-                status = await self.daemons.put_warm_set(push.node, key, push.spec)
+                status = await self.daemons.put_warm_set(
+                    push.node, key, push.spec, peers=push.peers
+                )
                 self.held.update(push.node, key, status)
                 self._rejected.pop((push.node.url, key), None)
                 return Observation(push.node.name, True, status)

@@ -23,6 +23,7 @@ import httpx
 from pydantic import ValidationError
 
 from warmfleet_common import bounded
+from warmfleet_common.grants import issue_grant
 from warmfleet_common.wire import CachePull, CachePullResult, PullBlock
 from warmfleet_router.backend import Backend
 from warmfleet_router.keys import RequestBlocks
@@ -96,9 +97,13 @@ def _cost(entry: HotSession) -> int:
 
 
 def pull_body(peer: Backend, blocks: RequestBlocks, deadline_s: float) -> CachePull:
+    """The pull of `blocks` from `peer`, with a grant to read them when the router holds
+    `peer`'s admin token (the target presents it instead of its own token)."""
     starts = (0, *blocks.ends[:-1])
+    token = peer.spec.token
     return CachePull(
         peer=peer.url,
+        peer_grant=issue_grant(token, peer.url, ttl_s=deadline_s + 60) if token else None,
         blocks=[
             PullBlock(key=k.hex(), start=s, end=e)
             for k, s, e in zip(blocks.keys, starts, blocks.ends)
@@ -141,7 +146,7 @@ async def hand_off(
             answer = await bounded.post(
                 client,
                 f"{target.url}/v1/cache/pull",
-                json=body.model_dump(mode="json"),
+                json=body.model_dump(mode="json", exclude_none=True),
                 headers=target.admin_headers(),
                 limit=_RESULT_MAX_BYTES,
                 deadline=left + 2.0,  # the daemon stops at the body's deadline; then answers

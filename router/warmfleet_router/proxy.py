@@ -22,6 +22,7 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from warmfleet_common import bounded, spill
+from warmfleet_common.grants import GRANT_HEADER, issue_grant
 from warmfleet_router.backend import Backend
 from warmfleet_router.errors import error_response, invalid_request, routing_error, stream_error
 from warmfleet_router.fleet import Fleet, Plan
@@ -103,17 +104,23 @@ async def forward(
 def _spill_headers(fleet: Fleet, plan: Plan, backend: Backend) -> dict[str, str]:
     """Name the backend that holds more of the request's blocks as the peer `backend`
     copies them from, signed with `backend`'s admin token (the daemon's proof that the
-    router, not a client, named it)."""
+    router, not a client, named it); with a grant to read the peer's blocks when the
+    router holds the peer's token (nodes with their own tokens), covered by the
+    signature."""
     peer = fleet.spill_peer(plan, backend)
     token = backend.spec.token
     if peer is None or not token:
         return {}
     plan.peers[backend.name] = peer.name
     fleet.metrics.spill(backend, peer)
-    return {
+    grant = issue_grant(peer.spec.token, peer.url) if peer.spec.token else None
+    headers = {
         spill.PEER_HEADER: peer.url,
-        spill.PEER_SIGNATURE_HEADER: spill.peer_signature(token, peer.url),
+        spill.PEER_SIGNATURE_HEADER: spill.peer_signature(token, peer.url, grant),
     }
+    if grant is not None:
+        headers[GRANT_HEADER] = grant
+    return headers
 
 
 async def _attempt(

@@ -130,3 +130,20 @@ def test_model_lists_and_warm_set_lists() -> None:
             ModelList.model_validate_json(bad)
     with pytest.raises(ValidationError):
         WarmSetList.model_validate_json('{"sets": [{"name": "x"}]}')
+
+
+def test_a_stored_blocks_source_is_optional_and_any_value_is_kept() -> None:
+    """`source` says where a block's KV came from; a reader takes an older daemon's line
+    (no source) and a newer one's (a source it does not know, more fields)."""
+    copied = BlockStored(seq=1, key=KEY, start=0, end=32, source="peer")
+    assert parse_event_line(event_line(copied)) == copied
+    assert parse_event_line(stored("1")) == BlockStored(seq=1, key=KEY)  # no source: None
+    newer = json.dumps(
+        {"type": "stored", "seq": 2, "key": KEY, "source": "teleport", "lineage": {"x": 1}}
+    )
+    assert parse_event_line(newer) == BlockStored(seq=2, key=KEY, source="teleport")
+    with pytest.raises(ValidationError, match="source"):
+        parse_event_line(json.dumps({"type": "stored", "seq": 1, "key": KEY, "source": 5}))
+    block = {"key": KEY, "start": 0, "end": 32, "source": "snapshot", "future": True}
+    snap = CacheSnapshot.model_validate({"epoch": "e", "seq": 0, "blocks": [block]})
+    assert snap.blocks[0].source == "snapshot"

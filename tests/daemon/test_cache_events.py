@@ -115,3 +115,16 @@ def test_live_subscribers_get_every_event_after_their_backlog() -> None:
         return seqs
 
     assert asyncio.run(scenario()) == [1, 2, 3]
+
+
+def test_stored_events_and_snapshots_say_where_a_blocks_kv_came_from() -> None:
+    cache, log = logged()
+    a, b, c = chunks_for(list(range(1, 13)))
+    cache.insert(a, None, "kv4", 10)  # computed here
+    cache.insert(b, a.key, "kv8", 10, source="peer")
+    cache.insert(c, b.key, "kv12", 10, source="disk")
+    assert [e["source"] for e in replay(log)] == ["prefill", "peer", "disk"]
+    blocks, _ = cache.snapshot(lambda: None)
+    assert [log.block_wire(v).source for v in blocks] == ["prefill", "peer", "disk"]
+    cache.clear()
+    assert "source" not in replay(log, after=3)[0]  # only a stored block has one

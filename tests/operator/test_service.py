@@ -301,3 +301,80 @@ async def test_a_status_without_the_warm_set_detail_is_not_read_as_empty() -> No
     assert status["reachable"] is True and status["instanceId"] == "i1"
     assert "warmSets" not in status and service.held.sets(node) == {}
     await client.close()
+
+
+class Tokens:
+    """Secrets by name; a missing one is a SecretError, as the API server's 404."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self.tokens = tokens
+
+    async def token(self, ref: SecretRef) -> str:
+        from warmfleet_common.kube import SecretError
+
+        if ref.name not in self.tokens:
+            raise SecretError(f"admin token Secret ops/{ref.name} not found", transient=False)
+        return self.tokens[ref.name]
+
+
+async def test_a_push_grants_each_peer_with_its_own_token() -> None:
+    """Nodes with their own tokens: the node told to copy from warm peers gets, per peer
+    with an admin token, a grant that peer honours; a peer without one is named by URL
+    alone (the node asks it as today)."""
+    from warmfleet_common.grants import grant_refusal, urls_reached_at
+    from warmfleet_operator.reconcile import resolve
+
+    source_hash = resolve(SPEC, "ns", 1, {}, "u").source_hash
+    puts: dict[str, Any] = {}
+
+    async def fleet(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        held = {
+            "namespace": "ns", "name": "s", "generation": 1, "uid": "u",
+            "source_hash": source_hash, "content_hash": "c", "concurrency": 2, "pin": True,
+            "prompts": [], "warm": 1, "total": 1, "updated_at": 0.0,
+        }  # fmt: skip
+        if request.method == "PUT":
+            puts[host] = json.loads(request.content)
+            return httpx.Response(202, json={**held, "warm": 0})
+        return httpx.Response(404) if host == "joining" else httpx.Response(200, json=held)
+
+    client = DaemonClient(
+        Tokens({"t-a": "token-a", "t-joining": "token-j"}),
+        transport=httpx.MockTransport(fleet),
+    )
+    nodes = [
+        Node("a", "http://a:8000", {}, token_ref=SecretRef("t-a", "token")),
+        Node("b", "http://b:8000", {}),  # no admin token: nothing to grant
+        Node("joining", "http://joining:8000", {}, token_ref=SecretRef("t-joining", "token")),
+    ]
+    await Service(client).reconcile(
+        KEY, spec=SPEC, generation=1, uid="u", nodes=nodes, configmaps={}, status=None
+    )
+    (pushed,) = puts.values()
+    assert list(puts) == ["joining"]
+    granted, plain = pushed["peers"]
+    assert plain == "http://b:8000" and granted["url"] == "http://a:8000"
+    assert grant_refusal("token-a", urls_reached_at("a:8000"), granted["grant"]) is None
+    assert grant_refusal("token-j", urls_reached_at("a:8000"), granted["grant"]) is not None
+    await client.close()
+
+
+async def test_a_peer_whose_secret_cannot_be_read_is_named_without_a_grant(caplog) -> None:
+    bodies: list[Any] = []
+
+    async def daemon(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(400, json={"error": {"message": "stop here"}})
+
+    client = DaemonClient(Tokens({}), transport=httpx.MockTransport(daemon))
+    peer = Node("a", "http://a:8000", {}, token_ref=SecretRef("gone", "token"))
+    from warmfleet_common.contract import WarmSetSpec
+    from warmfleet_operator.client import DaemonError
+
+    spec = WarmSetSpec.model_validate({**SPEC, "peers": [peer.url]})
+    with pytest.raises(DaemonError):
+        await client.put_warm_set(Node("n", "http://n", {}), KEY, spec, peers=[peer])
+    assert bodies[0]["peers"] == ["http://a:8000"]
+    assert "no grant for peer a: admin token Secret ops/gone not found" in caplog.text
+    await client.close()

@@ -197,6 +197,32 @@ async def test_a_bad_event_line_means_a_new_snapshot_not_a_dead_task(
     await until(lambda: backend.index_mode == "following" and "events" not in backend.problems)
 
 
+async def test_a_blocks_source_and_fields_the_router_does_not_know_are_followed(
+    fleet: Fleet, fake: Fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stored events and snapshot blocks say where a block's KV came from (`source`,
+    optional); a value or a field from a newer daemon changes nothing for the index."""
+    first, second, third = (bytes([i]) * 16 for i in (1, 2, 3))
+    snapshot = {
+        "epoch": "e1", "seq": 0, "fingerprint": None,
+        "blocks": [{"key": first.hex(), "start": 0, "end": 32, "source": "snapshot", "new": 1}],
+    }  # fmt: skip
+    events = [
+        HELLO,
+        {"type": "stored", "seq": 1, "key": second.hex(), "parent": first.hex(), "start": 32,
+         "end": 64, "source": "peer"},
+        {"type": "stored", "seq": 2, "key": third.hex(), "parent": second.hex(), "start": 64,
+         "end": 96, "source": "from-a-newer-daemon", "lineage": {"via": "x"}},
+    ]  # fmt: skip
+    fake.routes["/v1/cache/snapshot"] = lambda r: httpx.Response(200, json=snapshot)
+    fake.routes["/v1/cache/events"] = lambda r: httpx.Response(200, content=lines(*events))
+    backend = await start(fleet)
+    await until(lambda: fleet.index.size("d") == 3)
+    assert backend.index_mode == "following" and "events" not in backend.problems
+    assert fleet.index.tiers("d", third) == frozenset({"ram"})
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 async def test_endless_snapshots_models_and_warm_sets_stop_at_their_limits(
     fleet: Fleet, fake: Fake
 ) -> None:

@@ -4,7 +4,12 @@ refused, and the router drops it); when one daemon drains (SIGTERM), the router 
 its most recent session to the other (`POST /v1/cache/pull`), and a session it did not
 hand off is spilled: the other daemon copies its blocks from the draining one (tier
 `peer` in its metrics) instead of prefilling them; the draining daemon stops on time. A
-backend whose WarmNode is deleted hands its sessions off the same way, then is gone."""
+backend whose WarmNode is deleted hands its sessions off the same way, then is gone.
+
+Nodes with their own admin tokens (WarmNodes naming different Secrets) do all of it with
+peer grants: whoever names the peer (the pusher, the router) signs a short-lived grant
+with the peer's token, and the peer honours it on its read-only routes only; an expired,
+forged or misdirected grant is a 401 and the receiver prefills instead."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.processes import Daemon, serving, start_daemon, start_router
+from warmfleet_common.grants import GRANT_HEADER, MAX_GRANT_S, issue_grant
 from warmfleet_common.spill import PEER_HEADER, PEER_SIGNATURE_HEADER, peer_signature
 from warmfleet_router.app import create_app
 from warmfleet_router.backend import BackendSpec
@@ -213,3 +219,188 @@ def test_a_draining_daemons_sessions_are_handed_off_or_spilled(
 
     draining.process.wait(timeout=DRAIN_S + 30)
     assert time.monotonic() - stopped_at >= DRAIN_S - 1  # it served until the drain's end
+
+
+# -- nodes with their own admin tokens: peer grants ---------------------------------------
+
+OWN_TOKENS = ("token-of-node-a", "token-of-node-b")
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Daemon]]:
+    """Two daemons, each with an admin token of its own."""
+    args = ["--model", "tiny-random", "--block-size", "32", "--spill", "always"]
+    args += ["--drain-seconds", str(DRAIN_S)]
+    started = [start_daemon(*args, env={"WARMFLEET_ADMIN_TOKEN": t}) for t in OWN_TOKENS]
+    yield started
+    for d in started:
+        d.stop()
+
+
+def warm(daemon: Daemon, token: str, name: str, system: str, peers: list[Any]) -> dict[str, Any]:
+    """Push one prompt as set ops/NAME naming `peers`; its state once warm."""
+    prompt = {"name": name, "messages": [{"role": "system", "content": system}]}
+    url = f"{daemon.url}/v1/warm-sets/ops/{name}"
+    r = httpx.put(url, json={"prompts": [prompt], "peers": peers}, headers=auth(token))
+    assert r.status_code == 202, r.text
+
+    def done() -> bool:
+        state = httpx.get(url, headers=auth(token)).json()["prompts"][0]["state"]
+        return bool(state in ("warm", "failed"))
+
+    wait_for(done, 60)
+    (state,) = httpx.get(url, headers=auth(token)).json()["prompts"]
+    assert state["state"] == "warm", state
+    return dict(state)
+
+
+def restored(daemon: Daemon, token: str) -> int:
+    status = httpx.get(f"{daemon.url}/v1/status", headers=auth(token)).json()
+    return int(status["kv_transfer"]["restored_tokens"])
+
+
+def test_a_peer_honours_a_grant_on_its_read_only_routes_only(own: list[Daemon]) -> None:
+    a, b = own
+    token_a, token_b = OWN_TOKENS
+    fingerprint = f"{a.url}/v1/cache/fingerprint"
+    good = issue_grant(token_a, a.url)
+    answer = httpx.get(fingerprint, headers={GRANT_HEADER: good})
+    assert answer.status_code == 200 and answer.json()["fingerprint"]
+    blocks = httpx.get(f"{a.url}/v1/cache/blocks", params={"keys": "ab" * 16},
+                       headers={GRANT_HEADER: good})  # fmt: skip
+    assert blocks.status_code == 200 and blocks.content == b""  # not held: no frame
+    now = time.time()
+    for bad, why in [
+        (issue_grant(token_a, a.url, now=now - MAX_GRANT_S), "expired"),
+        (issue_grant(token_b, a.url), "not signed for this daemon"),  # forged: another key
+        (issue_grant(token_a, b.url), "not signed for this daemon"),  # another node's URL
+        (issue_grant(token_a, a.url, now=now + 3600), "ahead"),
+        ("12.nope", "malformed"),
+    ]:
+        refused = httpx.get(fingerprint, headers={GRANT_HEADER: bad})
+        assert refused.status_code == 401, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_grant" and why in error["message"]
+        assert error["param"] == GRANT_HEADER
+    # Read-only: the admin routes do not take it.
+    admin = [("POST", "/v1/cache/pull"), ("GET", "/v1/warm-sets"), ("DELETE", "/v1/cache/prefix")]
+    for method, path in [*admin, ("GET", "/v1/cache/snapshot")]:
+        r = httpx.request(method, f"{a.url}{path}", headers={GRANT_HEADER: good}, json={})
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["error"]["code"] == "missing_token"
+
+
+def test_a_push_with_a_grant_copies_from_a_peer_with_its_own_token(own: list[Daemon]) -> None:
+    a, b = own
+    token_a, token_b = OWN_TOKENS
+    systems = [f"You are the {desk} desk of the harbour office. Be brief. " * 12
+               for desk in ("tides", "cargo", "pilots")]  # fmt: skip
+    # The reference: the answer of a daemon that computes everything.
+    messages = [{"role": "system", "content": systems[0]}, {"role": "user", "content": "Hi?"}]
+    reference = chat(b.url, messages, **auth(token_b)).json()
+    assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    httpx.delete(f"{b.url}/v1/cache/prefix", headers=auth(token_b)).raise_for_status()
+    tokens = [warm(a, token_a, f"desk-{i}", s, [])["tokens"] for i, s in enumerate(systems)]
+
+    before = restored(b, token_b)
+    grant = issue_grant(token_a, a.url)
+    copied = warm(b, token_b, "desk-0", systems[0], [{"url": a.url, "grant": grant}])
+    assert copied["computed_tokens"] == 0 and copied["tokens"] == tokens[0]
+    assert restored(b, token_b) - before == tokens[0]
+    answer = chat(b.url, messages, **auth(token_b)).json()
+    assert answer["choices"] == reference["choices"]
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == tokens[0]
+
+    # Without a grant b asks with its own token (refused), with an expired one the grant
+    # is refused (401): both prefill, and the log says why.
+    expired = issue_grant(token_a, a.url, now=time.time() - MAX_GRANT_S)
+    for i, peer in [(1, a.url), (2, {"url": a.url, "grant": expired})]:
+        prefilled = warm(b, token_b, f"desk-{i}", systems[i], [peer])
+        # (a shared template start may be held already)
+        assert prefilled["computed_tokens"] > tokens[i] - 32, prefilled
+    assert restored(b, token_b) - before == tokens[0]  # nothing copied
+    log = b.log()
+    assert f"peer {a.url}: GET /v1/cache/fingerprint answered 403" in log
+    assert "answered 401 to the grant" in log and "expired" in log
+
+
+def test_a_spill_the_client_attaches_a_grant_to_is_refused(own: list[Daemon]) -> None:
+    a, b = own
+    token_a, token_b = OWN_TOKENS
+    messages = history("lighthouses")
+    grant = issue_grant(token_a, a.url)
+    # Signed for the URL alone: a grant added to it is not the router's.
+    unsigned = {PEER_HEADER: a.url, PEER_SIGNATURE_HEADER: peer_signature(token_b, a.url)}
+    refused = chat(b.url, messages, **unsigned, **{GRANT_HEADER: grant})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "peer_not_allowed"
+    malformed = chat(b.url, messages, **unsigned, **{GRANT_HEADER: "soon.abc"})
+    assert malformed.status_code == 400 and malformed.json()["error"]["param"] == GRANT_HEADER
+
+    # Signed over a forged grant: b honours the router, a refuses the grant, b prefills.
+    reference = chat(a.url, messages, **auth(token_a)).json()  # a holds the blocks now
+    before = peer_hits(b)
+    forged = issue_grant(token_b, a.url)
+    signed = {PEER_HEADER: a.url, GRANT_HEADER: forged,
+              PEER_SIGNATURE_HEADER: peer_signature(token_b, a.url, forged)}  # fmt: skip
+    prefilled = chat(b.url, messages, **signed)
+    assert prefilled.status_code == 200, prefilled.text
+    assert prefilled.json()["choices"] == reference["choices"]
+    assert prefilled.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < 32  # prefilled
+    assert peer_hits(b) == before
+    assert "answered 401 to the grant" in b.log() and "not signed for this daemon" in b.log()
+
+
+def test_nodes_with_their_own_tokens_hand_off_and_spill_with_grants(own: list[Daemon]) -> None:
+    """As the drain test above, through a router that holds each node's own token (as
+    `--from-cluster` does with WarmNodes naming different Secrets). Runs last: it stops
+    one of the daemons."""
+    specs = [
+        BackendSpec(d.url.removeprefix("http://"), d.url, token)
+        for d, token in zip(own, OWN_TOKENS)
+    ]
+    options = RouterOptions(handoff_sessions=1, sync=SyncOptions(health_interval=0.3))
+    logged = {d.url: len(d.log()) for d in own}  # what the tests before this one logged
+    with serving(create_app(Nodes(specs), options)) as url:
+        r = Daemon(url, None, "")  # type: ignore[arg-type]
+        wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+        first = chat(url, history("canals"), **{"x-session-affinity": "g-0"})
+        assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < 32  # computed
+        holder = first.headers["x-warmfleet-backend"]
+        second_key = next(
+            key
+            for key in (f"g-{i}" for i in range(1, 40))
+            if chat(url, history(key), **{"x-session-affinity": key}).headers["x-warmfleet-backend"]
+            == holder
+        )
+        draining = next(d for d in own if d.url.removeprefix("http://") == holder)
+        other = next(d for d in own if d is not draining)
+
+        draining.process.send_signal(signal.SIGTERM)
+        # The handoff: the other node pulls the most recent session with a grant.
+        wait_for(lambda: status(r)["handoffs"], 15)
+        (moved,) = status(r)["handoffs"][0]["sessions"]
+        assert moved["outcome"] == "copied" and moved["copied_tokens"] > 0, moved
+        turn = chat(url, history(second_key), **{"x-session-affinity": second_key})
+        assert turn.headers["x-warmfleet-backend"] == other.url.removeprefix("http://")
+        cached = turn.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= moved["copied_tokens"] - 32
+
+        # The spill: the session not handed off is copied from the draining node.
+        before = peer_hits(other)
+        spilled = chat(url, history("canals"), **{"x-session-affinity": "g-0"})
+        assert spilled.headers["x-warmfleet-backend"] == other.url.removeprefix("http://")
+        cached = spilled.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        copied = peer_hits(other) - before
+        assert 0 < copied <= cached and cached - copied < 32
+        assert spilled.json()["choices"] == first.json()["choices"]  # as computed from scratch
+        new_log = other.log()[logged[other.url] :]
+        assert "401" not in new_log and "403" not in new_log, new_log
+        # Its snapshot tells the copied blocks from those it computed.
+        token = OWN_TOKENS[own.index(other)]
+        snap = httpx.get(f"{other.url}/v1/cache/snapshot", headers=auth(token)).json()
+        assert {b["source"] for b in snap["blocks"]} == {"peer", "prefill"}
+    draining.process.wait(timeout=DRAIN_S + 30)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from warmfleet_common.grants import GRANT_HEADER, grant_refusal, urls_reached_at
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.assembly import DaemonState, Ready
 
@@ -39,6 +40,25 @@ def require_admin(request: Request, state: StateDep) -> None:
     _check_token(request, token)
 
 
+def require_peer_reader(request: Request, state: StateDep) -> None:
+    """The read-only peer routes (fingerprint, blocks): the admin token, or a peer grant
+    (`x-warmfleet-peer-grant`) for the URL this request was addressed to, signed with
+    this daemon's admin token and not expired. A grant that fails is a 401."""
+    token = state.settings.admin_token
+    if not token:
+        return
+    grant = request.headers.get(GRANT_HEADER)
+    if grant is None or "authorization" in request.headers:
+        _check_token(request, token)
+        return
+    urls = urls_reached_at(request.headers.get("host", ""), request.scope.get("root_path", ""))
+    refused = grant_refusal(token, urls, grant)
+    if refused is not None:
+        raise APIError(
+            401, f"the peer grant is not valid: {refused}", param=GRANT_HEADER, code="invalid_grant"
+        )
+
+
 def is_admin(request: Request, state: StateDep) -> bool:
     """For routes with a public and an admin view: True with no token configured or
     the valid one presented, False without an Authorization header; a wrong token is
@@ -66,4 +86,5 @@ def _check_token(request: Request, token: str) -> None:
 
 
 AdminDep = Depends(require_admin)
+PeerReaderDep = Depends(require_peer_reader)
 IsAdminDep = Annotated[bool, Depends(is_admin)]

@@ -241,11 +241,12 @@ async def choice_events(
     Closing the iterator early cancels the requests still running."""
     queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-    peer = current_peer()  # the router's spill: copy the blocks this daemon lacks from it
+    # The router's spill: copy the blocks this daemon lacks from it (with its grant).
+    peer, grant = current_peer() or (None, None)
 
     async def pump(index: int, request: GenerationRequest) -> None:
         if peer is not None and request.peer is None:
-            request = replace(request, peer=peer)
+            request = replace(request, peer=peer, peer_grant=grant)
         try:
             async for event in ready.engine.generate(request):
                 queue.put_nowait((index, event))

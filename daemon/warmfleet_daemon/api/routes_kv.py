@@ -1,4 +1,5 @@
-"""Warm blocks for peers: the KV fingerprint, and a stream of stored blocks (admin)."""
+"""Warm blocks for peers: the KV fingerprint and a stream of stored blocks (admin token
+or a peer grant), and the drain handoff's pull (admin)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from warmfleet_common.chunking import Chunk
 from warmfleet_common.errors import ErrorResponse
 from warmfleet_common.spill import peer_url_valid
 from warmfleet_common.wire import CachePull, CachePullResult
-from warmfleet_daemon.api.deps import AdminDep, ReadyDep
+from warmfleet_daemon.api.deps import AdminDep, PeerReaderDep, ReadyDep
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.kvtransfer.codec import BlockCodec
 from warmfleet_daemon.kvtransfer.peers import MAX_KEYS
@@ -23,7 +24,6 @@ from warmfleet_daemon.prefix_cache import PrefixCache
 
 router = APIRouter(
     prefix="/v1/cache",
-    dependencies=[AdminDep],
     responses={
         400: {"model": ErrorResponse},
         401: {"model": ErrorResponse},
@@ -40,13 +40,13 @@ def _transfer(ready: Any) -> KVTransfer:
     return transfer
 
 
-@router.get("/fingerprint")
+@router.get("/fingerprint", dependencies=[PeerReaderDep])
 async def fingerprint(ready: ReadyDep) -> dict[str, Any]:
     """What a peer needs to copy blocks: the fingerprint, the key root, the block size."""
     return _transfer(ready).status()
 
 
-@router.get("/blocks", response_class=StreamingResponse)
+@router.get("/blocks", response_class=StreamingResponse, dependencies=[PeerReaderDep])
 async def blocks(
     ready: ReadyDep,
     keys: str = Query(description="comma-separated block keys (hex), a chain root first"),
@@ -72,7 +72,7 @@ async def blocks(
     return StreamingResponse(stream, media_type=MEDIA_TYPE)
 
 
-@router.post("/pull", response_model=CachePullResult)
+@router.post("/pull", response_model=CachePullResult, dependencies=[AdminDep])
 async def pull(ready: ReadyDep, body: CachePull) -> CachePullResult:
     """Copy a chain of blocks (a session's) from a peer daemon with this daemon's
     fingerprint and key root, from the first one not held here, within the body's
@@ -93,7 +93,7 @@ async def pull(ready: ReadyDep, body: CachePull) -> CachePullResult:
             )
         expected = chunk.end
     peer = body.peer.rstrip("/")
-    return await run_in_threadpool(transfer.pull, peer, chunks, body.deadline_s)
+    return await run_in_threadpool(transfer.pull, peer, chunks, body.deadline_s, body.peer_grant)
 
 
 def _frames(cache: PrefixCache[Any], codec: BlockCodec, keys: list[bytes]) -> Iterator[bytes]:

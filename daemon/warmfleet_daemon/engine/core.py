@@ -122,8 +122,9 @@ class PeerTier(Protocol):
         start: int,
         peer: str,
         wake: Callable[[], None],
+        grant: str | None = None,
     ) -> Prefetching | None:
-        """None: not worth it (prefill them)."""
+        """None: not worth it (prefill them). `grant`: presented to the peer."""
         ...
 
 
@@ -169,6 +170,7 @@ class GenerationRequest:
     # A peer daemon that holds this prompt's blocks (the router named it, the API layer
     # checked it may be asked): what RAM and disk lack is copied from it if faster.
     peer: str | None = None
+    peer_grant: str | None = None  # the router's grant to read the peer's blocks
 
     @property
     def group_key(self) -> str:
@@ -783,7 +785,12 @@ class Engine:
                 start += len(seq.prefetch.chunks)
         if start < len(seq.chunks) and peer is not None and self.peers is not None:
             seq.peer_fetch = self.peers.prefetch(
-                seq.request.prompt, seq.chunks, start, peer, self._wake.set
+                seq.request.prompt,
+                seq.chunks,
+                start,
+                peer,
+                self._wake.set,
+                grant=seq.request.peer_grant,
             )
 
     def _take_held(self, seq: _Sequence) -> bool:

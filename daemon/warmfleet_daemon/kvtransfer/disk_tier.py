@@ -375,7 +375,7 @@ class DiskTier:
                 if payload is None:
                     job.failed = True
                     return
-                outcome = self.cache.insert(chunk, parent, payload, payload.nbytes)
+                outcome = self.cache.insert(chunk, parent, payload, payload.nbytes, source="disk")
                 if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
                     job.held[chunk.key] = payload  # a session larger than RAM's room
                 job.read.add(chunk.key)

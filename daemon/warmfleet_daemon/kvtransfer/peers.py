@@ -6,6 +6,12 @@ same spans: the plan depends only on tokens, cuts and block size, which the
 fingerprint covers) and requests them in small batches. Each block is verified before
 it is handed on; any failure ends the copy there and the rest is prefilled.
 
+With a peer grant (`warmfleet_common.grants`: issued by whoever named the peer, with
+the peer's admin token) the client presents the grant instead of its own token: nodes
+with different admin tokens copy from each other, and no node's token reaches another.
+A peer that refuses it (401: expired, forged, for another URL) gives nothing: one log
+line, and the blocks are prefilled.
+
 A peer is another process: every response is read incrementally within a byte cap,
 and the whole copy within the caller's deadline (one per warm-up); past either, the
 copy is abandoned with one log line.
@@ -22,6 +28,7 @@ from typing import Any
 import httpx
 
 from warmfleet_common.chunking import Chunk, plan_chunks
+from warmfleet_common.grants import GRANT_HEADER
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, BlockError
@@ -61,11 +68,12 @@ class PeerClient:
         *,
         deadline_name: str = "the warm-up's deadline (--warm-from-deadline)",
         ended: list[str] | None = None,
+        grant: str | None = None,
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """Verified payloads of `chunks[start:]`, in order, as far as the peer has them,
         until `deadline` (time.monotonic(); `deadline_name` in the log). Errors are
         logged (one line) and end the iteration; why it ended early goes in `ended`
-        (`COPY_ENDS`)."""
+        (`COPY_ENDS`). With `grant`, it is presented instead of this daemon's token."""
 
         def theirs(info: dict[str, Any]) -> list[Chunk] | None:
             planned = plan_chunks(
@@ -79,10 +87,16 @@ class PeerClient:
                 return None
             return planned
 
-        yield from self._copy(url, theirs, start, deadline, deadline_name, ended)
+        yield from self._copy(url, theirs, start, deadline, deadline_name, ended, grant)
 
     def fetch_chain(
-        self, url: str, root: bytes, chunks: list[Chunk], deadline: float, deadline_name: str
+        self,
+        url: str,
+        root: bytes,
+        chunks: list[Chunk],
+        deadline: float,
+        deadline_name: str,
+        grant: str | None = None,
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """As `fetch`, for a chain of blocks named by key (a drain handoff: the router
         knows the keys, not the tokens); only from a peer with the same key root."""
@@ -93,7 +107,7 @@ class PeerClient:
                 return None
             return chunks
 
-        yield from self._copy(url, same_root, 0, deadline, deadline_name, None)
+        yield from self._copy(url, same_root, 0, deadline, deadline_name, None, grant)
 
     def _copy(
         self,
@@ -103,11 +117,16 @@ class PeerClient:
         deadline: float,
         deadline_name: str,
         ended: list[str] | None,
+        grant: str | None,
     ) -> Iterator[tuple[int, kv.BlockPayload]]:
         """Verified payloads of `plan(peer info)[start:]`, in order; errors logged."""
         why = _end(ended)
+        headers = self.headers
+        if grant is not None:
+            headers = {k: v for k, v in headers.items() if k != "Authorization"}
+            headers[GRANT_HEADER] = grant
         try:
-            with httpx.Client(base_url=url, headers=self.headers) as http:
+            with httpx.Client(base_url=url, headers=headers) as http:
                 info = self._info(http, url, deadline)
                 theirs = plan(info) if info is not None else None
                 if theirs is None:
@@ -156,7 +175,16 @@ class PeerClient:
         path = "/v1/cache/fingerprint"
         with http.stream("GET", path, timeout=self._timeout(deadline)) as r:
             if r.status_code != 200:
-                log.warning("peer %s: GET %s answered %d", url, path, r.status_code)
+                text = b"".join(_head(r, ERROR_BODY_MAX_BYTES, deadline))
+                granted = " to the grant" if GRANT_HEADER in http.headers else ""
+                log.warning(
+                    "peer %s: GET %s answered %d%s (the blocks are prefilled): %s",
+                    url,
+                    path,
+                    r.status_code,
+                    granted,
+                    text.decode(errors="replace")[:200],
+                )
                 return None
             body = b"".join(_capped(r, FINGERPRINT_MAX_BYTES, deadline, f"GET {path}"))
         try:

@@ -17,12 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from warmfleet_common.chunking import Chunk
+from warmfleet_common.contract import PeerRef
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
-from warmfleet_daemon.prefix_cache import InsertOutcome
+from warmfleet_daemon.prefix_cache import BlockSource, InsertOutcome
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class BlockRestorer:
         self.restored_tokens = 0
 
     def restore_then(
-        self, prompt: RenderedPrompt, peers: Sequence[str], then: Callable[[], None]
+        self, prompt: RenderedPrompt, peers: Sequence[PeerRef], then: Callable[[], None]
     ) -> None:
         """Restore in the background, then call `then` (which submits the warm-up)."""
         if self.snapshots is None and not peers and not self.default_peers:
@@ -74,7 +75,9 @@ class BlockRestorer:
 
         self._pool.submit(run)
 
-    def restore(self, prompt: RenderedPrompt, peers: Sequence[str] = ()) -> Restored:
+    def restore(self, prompt: RenderedPrompt, peers: Sequence[PeerRef] = ()) -> Restored:
+        """Copy what is not cached from the snapshots, then `peers` (each with its grant,
+        if any), then the default peers (`--warm-from`: with this daemon's token)."""
         started = time.perf_counter()
         chunks = self.engine.plan(prompt)
         index = 0
@@ -85,17 +88,19 @@ class BlockRestorer:
         if self.snapshots is not None:
             while index < len(chunks):
                 payload = self.snapshots.read(chunks[index])
-                if payload is None or not self._insert(chunks, index, payload):
+                if payload is None or not self._insert(chunks, index, payload, "snapshot"):
                     break
                 index += 1
                 from_disk += 1
-        sources = [*peers, *(p for p in self.default_peers if p not in peers)]
+        named = {p.url for p in peers}
+        sources = [*peers, *(PeerRef(url=p) for p in self.default_peers if p not in named)]
         deadline = time.monotonic() + self.peer_deadline_s
-        for url in sources:
+        for peer in sources:
             if index >= len(chunks) or self.peers is None or time.monotonic() >= deadline:
                 break
-            for position, payload in self.peers.fetch(url, prompt, chunks, index, deadline):
-                if position != index or not self._insert(chunks, index, payload):
+            fetched = self.peers.fetch(peer.url, prompt, chunks, index, deadline, grant=peer.grant)
+            for position, payload in fetched:
+                if position != index or not self._insert(chunks, index, payload, "peer"):
                     break
                 index += 1
                 from_peers += 1
@@ -115,9 +120,13 @@ class BlockRestorer:
             )
         return Restored(len(chunks), cached, from_disk, from_peers, tokens)
 
-    def _insert(self, chunks: list[Chunk], index: int, payload: kv.BlockPayload) -> bool:
+    def _insert(
+        self, chunks: list[Chunk], index: int, payload: kv.BlockPayload, source: BlockSource
+    ) -> bool:
         parent = chunks[index - 1].key if index else None
-        outcome = self.engine.cache.insert(chunks[index], parent, payload, payload.nbytes)
+        outcome = self.engine.cache.insert(
+            chunks[index], parent, payload, payload.nbytes, source=source
+        )
         return outcome in (InsertOutcome.STORED, InsertOutcome.PRESENT)
 
     def stop(self) -> None:

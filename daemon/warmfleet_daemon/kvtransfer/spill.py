@@ -2,7 +2,8 @@
 daemon as a peer; the blocks this daemon lacks are copied from it instead of prefilled,
 when the copy is estimated faster.
 
-The copy goes over the peer path warm-up uses (`PeerClient`: admin token, fingerprint
+The copy goes over the peer path warm-up uses (`PeerClient`: the router's peer grant
+or this daemon's admin token, fingerprint
 check, a byte cap per response) within a deadline, and feeds the prompt's match the way
 the disk tier's reader does: blocks arrive in chain order, each is inserted into the
 RAM cache (or held for the prompt when RAM will not take it) and wakes the engine, which
@@ -127,9 +128,11 @@ class PeerSpill:
         start: int,
         peer: str,
         wake: Callable[[], None],
+        grant: str | None = None,
     ) -> Prefetch | None:
-        """Start copying `chunks[start:]` from `peer` on a thread of its own, if that is
-        estimated faster than prefilling them. None: prefill them."""
+        """Start copying `chunks[start:]` from `peer` (presenting `grant`, if any) on a
+        thread of its own, if that is estimated faster than prefilling them. None:
+        prefill them."""
         if self.mode == "off" or start >= len(chunks):
             return None
         wanted = list(chunks[start:])
@@ -157,7 +160,16 @@ class PeerSpill:
         job = Prefetch(wanted, chunks[start - 1].key if start else None)
         thread = threading.Thread(
             target=self._copy,
-            args=(job, prompt, list(chunks), start, peer, time.monotonic() + deadline_s, wake),
+            args=(
+                job,
+                prompt,
+                list(chunks),
+                start,
+                peer,
+                time.monotonic() + deadline_s,
+                wake,
+                grant,
+            ),
             name="warmfleet-peer-spill",
             daemon=True,
         )
@@ -175,6 +187,7 @@ class PeerSpill:
         peer: str,
         deadline: float,
         wake: Callable[[], None],
+        grant: str | None,
     ) -> None:
         started = time.monotonic()
         nbytes = 0
@@ -189,12 +202,15 @@ class PeerSpill:
                 deadline,
                 deadline_name="the spill's deadline",
                 ended=ended,
+                grant=grant,
             ):
                 if job.cancelled:
                     break
                 chunk = chunks[index]
                 if chunk.key not in self.cache:
-                    outcome = self.cache.insert(chunk, parent, payload, payload.nbytes)
+                    outcome = self.cache.insert(
+                        chunk, parent, payload, payload.nbytes, source="peer"
+                    )
                     if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
                         job.held[chunk.key] = payload  # RAM will not take it: the prompt's
                 job.read.add(chunk.key)

@@ -85,10 +85,12 @@ class KVTransfer:
         if self.snapshots is not None:
             self.snapshots.sync(set(wanted), list(warm), self.engine.cache.peek)
 
-    def pull(self, peer: str, chunks: list[Chunk], deadline_s: float) -> CachePullResult:
+    def pull(
+        self, peer: str, chunks: list[Chunk], deadline_s: float, grant: str | None = None
+    ) -> CachePullResult:
         """Copy the chain `chunks` (a session's blocks, by key) from `peer` into the
         cache, from its first block this daemon lacks; within `deadline_s` (a drain
-        handoff: the peer is leaving)."""
+        handoff: the peer is leaving). `grant`: presented to the peer (the router's)."""
         started = time.monotonic()
         cache = self.engine.cache
         first = next((i for i, c in enumerate(chunks) if c.key not in cache), len(chunks))
@@ -101,10 +103,11 @@ class KVTransfer:
                 chunks[first:],
                 started + deadline_s,
                 "the handoff's deadline",
+                grant,
             )
             for index, payload in fetched:
                 chunk = chunks[first + index]
-                kept = cache.insert(chunk, parent, payload, payload.nbytes)
+                kept = cache.insert(chunk, parent, payload, payload.nbytes, source="peer")
                 held = kept in (InsertOutcome.STORED, InsertOutcome.PRESENT) or (
                     self.disk is not None and self.disk.store(chunk, parent, payload)
                 )

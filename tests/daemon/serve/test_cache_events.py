@@ -90,6 +90,7 @@ def test_events_after_a_snapshot_carry_the_keys_a_router_computes(daemon: Daemon
         seq = event["seq"]
         if event["type"] == "stored":
             stored.append(str(event["key"]))
+            assert event["source"] == "prefill"  # computed here
     # The request's blocks, in order; then those of its next turn (the answer), if the
     # idle-priority prefill ran before the heartbeat.
     assert [k.hex() for k in expected.keys] == stored[: len(expected.keys)]
