@@ -16,6 +16,7 @@ run: $(STAMP)
 test: $(STAMP)
 	./scripts/setup.sh --test-tools
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest

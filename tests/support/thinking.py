@@ -15,7 +15,7 @@ from warmfleet_daemon.models.gguf import ContinuingBPEDetokenizer
 
 TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n{%- for tool in tools %}\n{{ tool | tojson }}"
-    "{%- endfor %}\nCall them as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>"
+    '{%- endfor %}\nCall them as <tool_call>{"name": ..., "arguments": ...}</tool_call>'
     "<|im_end|>\n{%- endif %}"
     "{%- for message in messages %}"
     "{{ '<|im_start|>' + message.role + '\n' }}"

@@ -204,4 +204,3 @@ def _no_entries(path: str | Path, log: LoadedLog) -> str:
         return f"{path} has no requests"
     shown = "; ".join(f"line {n}: {e}" for n, e in log.errors[:3])
     return f"{path} has no usable requests ({len(log.errors)} bad): {shown}"
-
