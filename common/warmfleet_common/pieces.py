@@ -162,9 +162,9 @@ def _common_text(texts: Sequence[str]) -> str:
     """The characters every text starts with (bisection: slices compare in C)."""
     low, high = min(texts), max(texts)
     same, differ = 0, min(len(low), len(high)) + 1
-    while differ - same > 1:
+    while differ - same > 1:  # low[:same] == high[:same]: only the window after it is compared
         middle = (same + differ) // 2
-        if low[:middle] == high[:middle]:
+        if low[same:middle] == high[same:middle]:
             same = middle
         else:
             differ = middle

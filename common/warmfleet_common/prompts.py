@@ -435,9 +435,9 @@ def _common_prefix(sequences: Sequence[Sequence[int]]) -> int:
     packed = [array("q", s).tobytes() for s in sequences]
     low, high = min(packed), max(packed)
     same, differ = 0, min(len(low), len(high)) // 8 + 1  # in tokens
-    while differ - same > 1:
+    while differ - same > 1:  # low and high agree on `same` tokens: compare only what follows
         middle = (same + differ) // 2
-        if low[: 8 * middle] == high[: 8 * middle]:
+        if low[8 * same : 8 * middle] == high[8 * same : 8 * middle]:
             same = middle
         else:
             differ = middle
