@@ -159,16 +159,23 @@ class _Splitter:
 
 
 def _common_text(texts: Sequence[str]) -> str:
-    """The characters every text starts with (bisection: slices compare in C)."""
+    """The characters every text starts with."""
     low, high = min(texts), max(texts)
+    return low[: shared_length(low, high)]
+
+
+def shared_length(low: str | bytes, high: str | bytes) -> int:
+    """How many items two strings (or byte strings) start with alike; with the least and
+    greatest of a set, how many the whole set does. Bisection: slices compare in C, and
+    only the window after what is known to agree is compared (linear in copied items)."""
     same, differ = 0, min(len(low), len(high)) + 1
-    while differ - same > 1:  # low[:same] == high[:same]: only the window after it is compared
+    while differ - same > 1:
         middle = (same + differ) // 2
         if low[same:middle] == high[same:middle]:
             same = middle
         else:
             differ = middle
-    return low[:same]
+    return same
 
 
 def _common_length(sequences: Sequence[Sequence[int]]) -> int:
