@@ -825,6 +825,9 @@ class Engine:
     @staticmethod
     def _count_tier(seq: _Sequence, chunk: Chunk) -> None:
         """A cached chunk the prompt took: from the disk, a peer, or (neither) RAM."""
+        for fetch in (seq.prefetch, seq.peer_fetch):
+            if fetch is not None:
+                fetch.take(chunk.key)  # taken (maybe from RAM): the tier's copy is not needed
         if seq.prefetch is not None and chunk.key in seq.prefetch.read:
             seq.disk_tokens += chunk.size
         elif seq.peer_fetch is not None and chunk.key in seq.peer_fetch.read:

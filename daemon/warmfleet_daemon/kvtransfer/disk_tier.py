@@ -42,7 +42,7 @@ from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import FORMAT, BlockCodec, BlockError
 from warmfleet_daemon.kvtransfer.prefetch import Prefetch
-from warmfleet_daemon.prefix_cache import BlockView, InsertOutcome, PrefixCache
+from warmfleet_daemon.prefix_cache import BlockView, PrefixCache
 from warmfleet_daemon.regular_files import (
     UnusableFile,
     check_regular,
@@ -375,9 +375,10 @@ class DiskTier:
                 if payload is None:
                     job.failed = True
                     return
-                outcome = self.cache.insert(chunk, parent, payload, payload.nbytes, source="disk")
-                if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
-                    job.held[chunk.key] = payload  # a session larger than RAM's room
+                self.cache.insert(chunk, parent, payload, payload.nbytes, source="disk")
+                # The prompt's own until it takes it: RAM may evict it before then (a
+                # session larger than RAM's room, or other prompts' blocks).
+                job.held[chunk.key] = payload
                 job.read.add(chunk.key)
             parent = chunk.key
             job.done += 1

@@ -16,7 +16,7 @@ class Prefetch:
     chunks: list[Chunk]
     parent: BlockKey | None
     read: set[BlockKey] = field(default_factory=set)  # read from the tier for this prompt
-    # Read, but RAM would not take them (the prompt's own chain fills it): its own.
+    # Read and not taken yet: the prompt's own (RAM may evict them before it takes them).
     held: dict[BlockKey, kv.BlockPayload] = field(default_factory=dict)
     done: int = 0  # chunks finished (read or given up)
     failed: bool = False

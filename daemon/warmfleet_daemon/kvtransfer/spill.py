@@ -33,7 +33,7 @@ from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import wait_until_gone
 from warmfleet_daemon.kvtransfer.peers import BATCH, PeerClient
 from warmfleet_daemon.kvtransfer.prefetch import Prefetch
-from warmfleet_daemon.prefix_cache import InsertOutcome, PrefixCache
+from warmfleet_daemon.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +208,8 @@ class PeerSpill:
                     break
                 chunk = chunks[index]
                 if chunk.key not in self.cache:
-                    outcome = self.cache.insert(
-                        chunk, parent, payload, payload.nbytes, source="peer"
-                    )
-                    if outcome not in (InsertOutcome.STORED, InsertOutcome.PRESENT):
-                        job.held[chunk.key] = payload  # RAM will not take it: the prompt's
+                    self.cache.insert(chunk, parent, payload, payload.nbytes, source="peer")
+                    job.held[chunk.key] = payload  # the prompt's until taken (RAM may evict it)
                 job.read.add(chunk.key)
                 nbytes += payload.nbytes
                 parent = chunk.key

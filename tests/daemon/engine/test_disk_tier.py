@@ -93,6 +93,30 @@ def test_evicted_blocks_come_back_from_disk_like_scratch(tiny, make_engine, setu
     assert stats.state == "on" and stats.read_blocks == 4 and stats.dropped_blocks == 0
 
 
+def test_blocks_read_back_that_ram_evicts_before_the_prompt_takes_them_are_still_its(
+    tiny, make_engine, setup, monkeypatch
+) -> None:
+    """RAM may evict a block read back from disk before the engine takes it (a full RAM,
+    other prompts' blocks): the prompt keeps what its read gave it and computes nothing."""
+    a = prompt(3)
+    expected = cold(tiny, make_engine, a)
+    ask(setup.engine, a)
+    in_ram = evict(setup, a)
+    cache = setup.engine.cache
+    insert = cache.insert
+
+    def insert_then_evict(chunk, parent, payload, nbytes, source=None):  # type: ignore[no-untyped-def]
+        outcome = insert(chunk, parent, payload, nbytes, source=source)
+        if source == "disk":
+            cache.drop([chunk.key])  # gone from RAM before the engine looks
+        return outcome
+
+    monkeypatch.setattr(cache, "insert", insert_then_evict)
+    again, usage = ask(setup.engine, a)
+    assert again == expected
+    assert usage.cached_tokens == 100 and usage.disk_tokens == 100 - in_ram
+
+
 def test_a_restart_resumes_from_disk(tiny, make_engine, tmp_path) -> None:
     a = prompt(2)
     expected = cold(tiny, make_engine, a)

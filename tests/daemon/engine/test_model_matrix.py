@@ -27,7 +27,7 @@ prompt spans several); "metal" is the Mac code path forced on the CPU with
 WARMFLEET_ENGINE_PATH=metal (weights kept as stored, per-sequence mx.fast attention,
 512-token blocks, so chunks end only at the prompts' message cuts).
 
-What runs where, and why (about 60 cases; 1-2 s each here, under two minutes in all):
+What runs where, and why (73 cases; 2-4 s each here, about three minutes in all):
 
 - float32: every family on both paths. This is where the engine's own code differs per
   family (batch layout, MLA, hooks, caches that cannot be sliced).
