@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import sys
+from typing import Any
 
 from warmfleet_common.logs import setup_logging
 from warmfleet_daemon.blas import ensure_fast_blas, log_blas
@@ -164,6 +165,14 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="bearer token for the admin routes (or WARMFLEET_ADMIN_TOKEN)",
     )
+    p.add_argument(
+        "--public-url",
+        action="append",
+        metavar="URL",
+        help="a URL peers reach this daemon at through a proxy that rewrites Host or adds a "
+        "path prefix: peer grants issued for it are honoured; repeatable (--register's "
+        "--advertise-url is one already)",
+    )
     p.add_argument("--daemon-name", help="this daemon's name on its metrics (default: host name)")
     p.add_argument(
         "--otlp-endpoint",
@@ -172,6 +181,21 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The DaemonSettings fields the flags set (the rest come from WARMFLEET_* or defaults)."""
+    from warmfleet_daemon.settings import DaemonSettings
+
+    overrides = {
+        k: v
+        for k, v in vars(args).items()
+        if v is not None and k in DaemonSettings.model_fields and k != "log_level"
+    }
+    if getattr(args, "register", None) and getattr(args, "advertise_url", None):
+        # the operator names this daemon by its WarmNode's URL in the grants it issues
+        overrides["public_url"] = [*overrides.get("public_url", []), args.advertise_url]
+    return overrides
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -189,11 +213,7 @@ def serve(args: argparse.Namespace) -> int:
     from warmfleet_daemon.state_store import StateStore
     from warmfleet_daemon.warming import read_warm_prompts_file
 
-    overrides = {
-        k: v
-        for k, v in vars(args).items()
-        if v is not None and k in DaemonSettings.model_fields and k != "log_level"
-    }
+    overrides = settings_overrides(args)
     try:
         if args.admin_token_file:
             with open(args.admin_token_file) as f:

@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1 << 20
@@ -106,6 +106,12 @@ class DaemonSettings(BaseSettings):
     admin_token: str | None = Field(
         None, description="bearer token for the admin routes (warm sets, cache)", repr=False
     )
+    public_url: list[str] = Field(
+        default_factory=list,
+        description="URLs this daemon is reached at through a proxy that rewrites Host or "
+        "adds a path prefix: peer grants issued for them are honoured, as for the URL a "
+        "request was addressed to",
+    )
     max_warm_sets: int = Field(64, ge=1)
     max_warm_prompts_per_set: int = Field(64, ge=1)
     max_warm_message_chars: int = Field(200_000, ge=1)
@@ -168,12 +174,13 @@ class DaemonSettings(BaseSettings):
             raise ValueError(f"--kv-bits takes 8 or 4, not {bits}")
         return bits
 
-    @field_validator("warm_from")
+    @field_validator("warm_from", "public_url")
     @classmethod
-    def _peer_urls(cls, urls: list[str]) -> list[str]:
+    def _base_urls(cls, urls: list[str], info: ValidationInfo) -> list[str]:
         bad = [u for u in urls if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", u)]
         if bad:
-            raise ValueError(f"--warm-from takes http(s) base URLs; not: {', '.join(bad)}")
+            flag = "--" + str(info.field_name).replace("_", "-")
+            raise ValueError(f"{flag} takes http(s) base URLs; not: {', '.join(bad)}")
         return [u.rstrip("/") for u in urls]
 
     def resolved_cache_dir(self) -> str | None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from warmfleet_common.grants import GRANT_HEADER, grant_refusal, urls_reached_at
+from warmfleet_common.grants import GRANT_HEADER, grant_refusal, grant_url, urls_reached_at
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.assembly import DaemonState, Ready
 
@@ -42,8 +42,9 @@ def require_admin(request: Request, state: StateDep) -> None:
 
 def require_peer_reader(request: Request, state: StateDep) -> None:
     """The read-only peer routes (fingerprint, blocks): the admin token, or a peer grant
-    (`x-warmfleet-peer-grant`) for the URL this request was addressed to, signed with
-    this daemon's admin token and not expired. A grant that fails is a 401."""
+    (`x-warmfleet-peer-grant`) for the URL this request was addressed to (or one of
+    `--public-url`), signed with this daemon's admin token and not expired. A grant that
+    fails is a 401."""
     token = state.settings.admin_token
     if not token:
         return
@@ -52,6 +53,7 @@ def require_peer_reader(request: Request, state: StateDep) -> None:
         _check_token(request, token)
         return
     urls = urls_reached_at(request.headers.get("host", ""), request.scope.get("root_path", ""))
+    urls += [grant_url(url) for url in state.settings.public_url]
     refused = grant_refusal(token, urls, grant)
     if refused is not None:
         raise APIError(
