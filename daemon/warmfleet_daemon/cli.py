@@ -192,7 +192,8 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         for k, v in vars(args).items()
         if v is not None and k in DaemonSettings.model_fields and k != "log_level"
     }
-    if getattr(args, "register", None) and getattr(args, "advertise_url", None):
+    token = args.admin_token_file or os.environ.get("WARMFLEET_ADMIN_TOKEN", "").strip()
+    if getattr(args, "register", None) and getattr(args, "advertise_url", None) and token:
         # the operator names this daemon by its WarmNode's URL in the grants it issues
         overrides["public_url"] = [*overrides.get("public_url", []), args.advertise_url]
     return overrides

@@ -167,6 +167,15 @@ class DaemonSettings(BaseSettings):
         engine_path()  # the model loader reads it; a typo stops `serve` at start instead
         return self
 
+    @model_validator(mode="after")
+    def _public_url_needs_a_token(self) -> DaemonSettings:
+        if self.public_url and not self.admin_token:
+            raise ValueError(
+                "--public-url only applies with an admin token (--admin-token-file or "
+                "WARMFLEET_ADMIN_TOKEN): without one the peer routes take no grant"
+            )
+        return self
+
     @field_validator("kv_bits")
     @classmethod
     def _kv_bits(cls, bits: int | None) -> int | None:

@@ -57,9 +57,11 @@ def test_without_it_the_proxy_url_is_refused() -> None:
         assert status == 401 and "not signed for this daemon" in why
 
 
-def test_a_public_url_must_be_an_http_base_url() -> None:
+def test_a_public_url_must_be_an_http_base_url_on_a_daemon_with_a_token() -> None:
     with pytest.raises(ValidationError, match="--public-url takes http"):
-        DaemonSettings(model="tiny-random", public_url=["mac-a:8000"])
+        DaemonSettings(model="tiny-random", admin_token=TOKEN, public_url=["mac-a:8000"])
+    with pytest.raises(ValidationError, match="--public-url only applies with an admin token"):
+        DaemonSettings(model="tiny-random", admin_token=None, public_url=[PUBLIC])
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
@@ -68,10 +70,15 @@ def serve_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_the_flags_and_registers_advertise_url_become_public_urls() -> None:
+def test_the_flags_and_registers_advertise_url_become_public_urls(monkeypatch) -> None:
+    monkeypatch.delenv("WARMFLEET_ADMIN_TOKEN", raising=False)
     one = settings_overrides(serve_args("--public-url", PUBLIC, "--public-url", "http://b:1"))
     assert one["public_url"] == [PUBLIC, "http://b:1"]
-    # --register's WarmNode URL is what the operator signs its grants for.
-    registered = serve_args("--register", "mac-a", "--advertise-url", "http://10.0.0.7:8000")
-    assert settings_overrides(registered)["public_url"] == ["http://10.0.0.7:8000"]
+    # --register's WarmNode URL is what the operator signs its grants for (with a token).
+    registered = ["--register", "mac-a", "--advertise-url", "http://10.0.0.7:8000"]
+    with_token = serve_args(*registered, "--admin-token-file", "/etc/warmfleet/token")
+    assert settings_overrides(with_token)["public_url"] == ["http://10.0.0.7:8000"]
+    assert "public_url" not in settings_overrides(serve_args(*registered))  # no grants then
+    monkeypatch.setenv("WARMFLEET_ADMIN_TOKEN", TOKEN)
+    assert settings_overrides(serve_args(*registered))["public_url"] == ["http://10.0.0.7:8000"]
     assert "public_url" not in settings_overrides(serve_args("--advertise-url", "http://x:1"))
