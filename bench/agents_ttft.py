@@ -144,6 +144,11 @@ class FirstRequest:
                     self.first = {k: now[k] - self.base[k] for k in SERIES}
             self._stop.wait(0.2)
 
+    def wait(self, timeout: float) -> None:
+        """Until the first request was recorded (at its end: a request cut short by its
+        client is not recorded at all) or `timeout` s passed."""
+        self._thread.join(timeout=timeout)
+
     def stop(self) -> dict[str, float] | None:
         self._stop.set()
         self._thread.join(timeout=30)
@@ -386,7 +391,10 @@ def codex_run(project: Project, url: str, text: str, where: str, daemons: list[s
                 run.ttft_ms = (now - turn_started) * 1000
                 run.extra = {"first_event": event["item"]["type"] if "item" in event else event}
                 run.is_error = event["type"] in ("error", "turn.failed")
-                proc.terminate()  # the rest is the model's length, not the first request
+                # The rest is the model's length, not the first request; but stopping Codex
+                # before the daemon has finished that response would cancel it unrecorded.
+                probe.wait(timeout=120)
+                proc.terminate()
                 break
         timer.cancel()
         proc.wait()
