@@ -142,11 +142,14 @@ class FirstRequest:
 
     def _poll(self) -> None:
         while not self._stop.is_set() and self.first is None:
-            with contextlib.suppress(httpx.HTTPError):
-                now = scrape(self.urls)
-                if now["ttft_count"] > self.base["ttft_count"]:
-                    self.first = {k: now[k] - self.base[k] for k in SERIES}
+            self._check()
             self._stop.wait(0.2)
+
+    def _check(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            now = scrape(self.urls)
+            if now["ttft_count"] > self.base["ttft_count"]:
+                self.first = {k: now[k] - self.base[k] for k in SERIES}
 
     def wait(self, timeout: float) -> None:
         """Until the first request was recorded (at its end: a request cut short by its
@@ -157,10 +160,7 @@ class FirstRequest:
         self._stop.set()
         self._thread.join(timeout=30)
         if self.first is None:  # it may have been recorded after the last poll
-            with contextlib.suppress(httpx.HTTPError):
-                now = scrape(self.urls)
-                if now["ttft_count"] > self.base["ttft_count"]:
-                    self.first = {k: now[k] - self.base[k] for k in SERIES}
+            self._check()
         return self.first
 
 

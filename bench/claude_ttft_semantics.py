@@ -106,7 +106,8 @@ def main() -> int:
                 ttft_ms = json.loads(line).get("ttft_ms")
     server.should_exit = True
     print(f"server: first text at {args.first:.1f} s, end at {args.end:.1f} s")
-    print(f"claude: first text streamed at {first_text:.2f} s; its ttft_ms {ttft_ms}")
+    shown = f"{first_text:.2f} s" if first_text is not None else "never"
+    print(f"claude: first text streamed at {shown}; its ttft_ms {ttft_ms}")
     return 0
 
 
