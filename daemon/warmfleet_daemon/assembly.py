@@ -78,6 +78,9 @@ class DaemonState:
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Set by a SIGTERM (drain.py): when the daemon stops; until then it still serves.
     draining_until: float | None = None
+    # Run once in the loading thread when the model is ready (the serve command's own
+    # process-wide settings, such as freezing the startup heap; see cli.serve).
+    on_ready: list[Callable[[], None]] = field(default_factory=list)
     _thread: threading.Thread | None = None
 
     def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
@@ -87,6 +90,8 @@ class DaemonState:
                 loaded = with_context(loader(self.settings.model), self.settings.max_context)
                 self.attach(Engine(loaded, self.engine_config(loaded)))
                 log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
+                for hook in self.on_ready:
+                    hook()
             except Exception as exc:  # reported on /readyz and in every 503 body
                 log.exception("model %r failed to load", self.settings.model)
                 self.load_error = f"{type(exc).__name__}: {exc}"

@@ -1,11 +1,12 @@
 """`warmfleet serve` refuses to start half-alive or open: a --state-dir (or its
 kv-blocks directory) that cannot be created, an empty --admin-token-file or
-WARMFLEET_ADMIN_TOKEN. It exits non-zero with the reason instead of serving 503s (or
-open admin routes) forever."""
+WARMFLEET_ADMIN_TOKEN, a port already taken. It exits non-zero with the reason instead
+of serving 503s (or open admin routes) forever."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,14 @@ def test_an_empty_admin_token_file(tmp_path: Path) -> None:
 def test_an_empty_admin_token_variable() -> None:
     done = serve(env={"WARMFLEET_ADMIN_TOKEN": " "})
     assert done.returncode == 2 and "WARMFLEET_ADMIN_TOKEN is empty" in done.stderr
+
+
+def test_a_port_already_taken() -> None:
+    # Refused before the model loads (uvicorn's own late bind aborted a loading process).
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = serve("--port", str(port))
+    assert done.returncode == 3
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Address already in use" in done.stderr
+    assert "loading model" not in done.stderr
