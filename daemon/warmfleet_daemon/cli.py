@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import logging
 import os
 import socket
 import sys
 from typing import Any
 
+from warmfleet_common.heap import freeze_heap
 from warmfleet_common.logs import setup_logging
 from warmfleet_daemon.blas import ensure_fast_blas, log_blas
 
@@ -285,7 +285,7 @@ def serve(args: argparse.Namespace) -> int:
     # over HTTP: 91-98 tok/s at 5 ms, 113-117 at 0.2 ms, docs/PERFORMANCE.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = create_app(settings)
-    app.state.daemon.on_ready.append(freeze_startup_heap)
+    app.state.daemon.on_ready.append(freeze_heap)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -297,15 +297,6 @@ def serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
         server.run(sockets=[listener])
     return 0 if server.started else 3  # uvicorn's exit code when it could not start
-
-
-def freeze_startup_heap() -> None:
-    """Move what startup made (modules, model, tokenizer: ~140k objects with the embedded
-    model) out of the collector's sight, as vLLM does: a full collection then scans only
-    what serving made, instead of stalling every thread for ~0.1 s (docs/PERFORMANCE.md)."""
-    gc.collect()
-    gc.freeze()
-    log.debug("Froze %d startup objects out of the garbage collector", gc.get_freeze_count())
 
 
 def convert(args: argparse.Namespace) -> int:

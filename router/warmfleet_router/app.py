@@ -26,6 +26,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from warmfleet_common import __version__, bounded
 from warmfleet_common.errors import AnthropicErrorResponse, ErrorResponse
+from warmfleet_common.heap import freeze_heap
 from warmfleet_router.discovery import Source
 from warmfleet_router.errors import error_body, error_response
 from warmfleet_router.fleet import Fleet, RouterOptions
@@ -127,6 +128,8 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(fleet.discovered.wait()), DISCOVERY_WAIT)
                 await fleet.first_checks()
+                if options.freeze_gc_heap:
+                    freeze_heap()
                 yield
             finally:
                 follower.cancel()

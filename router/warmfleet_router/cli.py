@@ -155,13 +155,14 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token,
         handoff_sessions=args.handoff_sessions,
         handoff_seconds=args.handoff_seconds,
+        freeze_gc_heap=True,
     )
     app = create_app(source, options)
     print(
         f"warmfleet router: listening on http://{args.host}:{args.port} (policy {args.policy})",
         flush=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -172,7 +173,9 @@ def run(args: argparse.Namespace) -> int:
         loop="uvloop" if _importable("uvloop") else "asyncio",
         http="httptools" if _importable("httptools") else "h11",
     )
-    return 0
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 3  # as uvicorn.run: 3 when it could not start
 
 
 def _importable(name: str) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from warmfleet_common.cache_layout import CacheLayout
+from warmfleet_common.heap import freeze_heap
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
 from warmfleet_router.handoff import HotSession, HotSessions, hand_off
@@ -74,6 +75,9 @@ class RouterOptions:
     # the time the whole handoff may take (then the rest prefill when they come back).
     handoff_sessions: int = 16
     handoff_seconds: float = 20.0
+    # Freeze the GC heap once started and after each new tokenizer (warmfleet_common.heap):
+    # the command's choice for its process, not a test's.
+    freeze_gc_heap: bool = False
 
 
 @dataclass
@@ -206,6 +210,8 @@ class Fleet:
     async def add_layout(self, layout: CacheLayout) -> None:
         """Returns once every worker can key requests for it."""
         await self.pool.add_layout(layout)
+        if self.options.freeze_gc_heap:
+            freeze_heap()
 
     def _fingerprint_of(self, backend: Backend) -> str:
         """The keys its index entries are in: its own layout's (also without events), or
