@@ -265,7 +265,8 @@ def serve(args: argparse.Namespace) -> int:
         listener.close()
         return 2
     log_blas(ensure_fast_blas(), on_gpu=on_gpu())
-    base = f"http://{settings.host}:{settings.port}"
+    port = listener.getsockname()[1]  # --port 0: the one the system chose
+    base = f"http://{settings.host}:{port}"
     log.info(
         "warmfleet daemon on %s; loading model %r in the background (GET %s/readyz)",
         base,
