@@ -119,6 +119,9 @@ class BackendSync:
         self._on_draining = on_draining  # it just started draining (handoff)
         self._tasks: list[asyncio.Task[None]] = []
         self._checked = asyncio.Event()
+        # The events loop's first attempt ended: the index follows it (its tokenizer loaded,
+        # so requests are keyed by blocks), or estimates from history, or failed for now.
+        self._indexed = asyncio.Event()
         self._models_read = -math.inf  # loop time of the last read of its model names
         self._logged: dict[str, str] = {}  # what -> the error type logged for it
 
@@ -143,8 +146,14 @@ class BackendSync:
         self._index.forget(self.backend.name)
 
     async def first_check(self, seconds: float) -> None:
+        """Its first health check, then, if it is ready, its index: the router's first
+        requests are then keyed by its blocks rather than routed by history."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._checked.wait(), seconds)
+            if self.backend.health == "ready":
+                await asyncio.wait_for(self._indexed.wait(), max(0.0, deadline - loop.time()))
 
     async def _supervised(self, what: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a loop for ever: whatever escapes it (a bug; the loops handle what they
@@ -335,6 +344,7 @@ class BackendSync:
             try:
                 if need_snapshot:
                     await self._resync()
+                    self._indexed.set()
                     need_snapshot = False
                     delay = self._options.retry
                     what = "events"
@@ -357,6 +367,7 @@ class BackendSync:
                     httpx.HTTPError, _NoEvents, _Unavailable, ValueError, bounded.TooSlow
                 ):
                     await self._read_layout()
+                self._indexed.set()
                 await asyncio.sleep(self._options.no_events_retry)
                 need_snapshot = True
                 continue
@@ -373,6 +384,7 @@ class BackendSync:
                 self._trouble(what, exc)
                 backend.index_mode = "resyncing"
                 need_snapshot = True
+            self._indexed.set()
             await asyncio.sleep(_jitter(delay))
             delay = min(delay * 2, self._options.max_retry)
 

@@ -97,6 +97,22 @@ def wait_for_events(router: Daemon, seconds: float = 0.5) -> None:
     time.sleep(seconds)  # the daemons' events reach the router within milliseconds
 
 
+def test_a_router_is_ready_only_with_its_backends_indexed(
+    daemons: list[Daemon], tmp_path: Path
+) -> None:
+    # Its first request is keyed by the daemons' blocks (their tokenizers loaded), not
+    # routed by history while the index catches up.
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    fresh = start_router("--backend", daemons[0].url, "--admin-token-file", str(token_file))
+    try:
+        (backend,) = status(fresh)["backends"]
+        assert backend["index"]["mode"] == "following"
+        assert backend["index"]["layout"]
+    finally:
+        fresh.stop()
+
+
 def test_models_and_readiness(router: Daemon, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == ["tiny-random"]
     assert httpx.get(f"{router.url}/readyz").json()["status"] == "ready"
