@@ -90,11 +90,15 @@ class DaemonState:
                 loaded = with_context(loader(self.settings.model), self.settings.max_context)
                 self.attach(Engine(loaded, self.engine_config(loaded)))
                 log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
-                for hook in self.on_ready:
-                    hook()
             except Exception as exc:  # reported on /readyz and in every 503 body
                 log.exception("model %r failed to load", self.settings.model)
                 self.load_error = f"{type(exc).__name__}: {exc}"
+                return
+            for hook in self.on_ready:  # the daemon serves whatever a hook does
+                try:
+                    hook()
+                except Exception:
+                    log.exception("on-ready hook %r failed", hook)
 
         self._thread = threading.Thread(target=run, name="warmfleet-load", daemon=True)
         self._thread.start()

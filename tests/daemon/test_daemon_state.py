@@ -47,3 +47,22 @@ def test_a_failed_load_runs_no_hook() -> None:
     assert state.ready is None
     time.sleep(0.1)
     assert ran == []
+
+
+def test_a_failing_hook_leaves_the_daemon_serving(tiny: LoadedModel) -> None:
+    def broken() -> None:
+        raise RuntimeError("hook bug")
+
+    state = DaemonState(DaemonSettings(model="tiny-random"))
+    ran: list[str] = []
+    state.on_ready += [broken, lambda: ran.append("next")]
+    state.start_loading(loader=lambda _: tiny)
+    try:
+        wait_loaded(state)
+        deadline = time.monotonic() + 10
+        while not ran:
+            assert time.monotonic() < deadline, "the hook after the failing one never ran"
+            time.sleep(0.02)
+        assert state.ready is not None and state.load_error is None
+    finally:
+        state.shutdown()
