@@ -4,17 +4,22 @@ serves, and never after a failed load."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from warmfleet_daemon.assembly import DaemonState
 from warmfleet_daemon.models.loader import LoadedModel
 from warmfleet_daemon.settings import DaemonSettings
 
 
-def wait_loaded(state: DaemonState) -> None:
-    deadline = time.monotonic() + 60
-    while state.ready is None and state.load_error is None:
-        assert time.monotonic() < deadline, "the model never loaded"
+def wait_for(done: Callable[[], object], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, what
         time.sleep(0.02)
+
+
+def wait_loaded(state: DaemonState) -> None:
+    wait_for(lambda: state.ready is not None or state.load_error is not None, "never loaded")
 
 
 def test_on_ready_hooks_run_once_the_daemon_serves(tiny: LoadedModel) -> None:
@@ -24,10 +29,7 @@ def test_on_ready_hooks_run_once_the_daemon_serves(tiny: LoadedModel) -> None:
     state.start_loading(loader=lambda _: tiny)
     try:
         wait_loaded(state)
-        deadline = time.monotonic() + 10
-        while not seen:
-            assert time.monotonic() < deadline, "the on-ready hook never ran"
-            time.sleep(0.02)
+        wait_for(lambda: seen, "the on-ready hook never ran", 10)
         assert seen == [True]
         assert state.load_error is None
     finally:
@@ -59,10 +61,7 @@ def test_a_failing_hook_leaves_the_daemon_serving(tiny: LoadedModel) -> None:
     state.start_loading(loader=lambda _: tiny)
     try:
         wait_loaded(state)
-        deadline = time.monotonic() + 10
-        while not ran:
-            assert time.monotonic() < deadline, "the hook after the failing one never ran"
-            time.sleep(0.02)
+        wait_for(lambda: ran, "the hook after the failing one never ran", 10)
         assert state.ready is not None and state.load_error is None
     finally:
         state.shutdown()
