@@ -16,9 +16,8 @@ import argparse
 import asyncio
 import gc
 import json
-import signal
+import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from router_overhead import free_port
+from router_overhead import free_port, start
 
 HERE = Path(__file__).resolve()
+ALL_CPUS = os.sched_getaffinity(0)
 
 
 def child(report: str, freeze: bool, argv: list[str]) -> int:
@@ -80,23 +80,9 @@ def child(report: str, freeze: bool, argv: list[str]) -> int:
     return warmfleet(argv)
 
 
-def start(report: str, freeze: bool, argv: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, str(HERE), "--child", report, "--freeze" if freeze else "--no-freeze"]
-    quiet = subprocess.DEVNULL
-    return subprocess.Popen([*cmd, "--", *argv], stdout=quiet, stderr=quiet)
-
-
-def wait_ready(url: str, deadline_s: float = 300) -> None:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{url} never got ready")
-        time.sleep(0.5)
+def child_command(report: str, freeze: bool, argv: list[str]) -> list[str]:
+    setting = "--freeze" if freeze else "--no-freeze"
+    return [sys.executable, str(HERE), "--child", report, setting, "--", *argv]
 
 
 async def drive(url: str, requests: int, concurrency: int, max_tokens: int) -> None:
@@ -124,15 +110,14 @@ def run_once(args: argparse.Namespace, freeze: bool, backend: str | None) -> dic
     else:
         argv = ["router", "--backend", str(backend), "--port", str(port)]
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        process = start(report.name, freeze, argv)
+        command = child_command(report.name, freeze, argv)
+        measured = start(args.target, command, port, ALL_CPUS, "/readyz")
         try:
-            wait_ready(url)
             began = time.time()
             asyncio.run(drive(url, args.requests, args.concurrency, args.max_tokens))
             ended = time.time()
         finally:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=120)
+            measured.stop()  # SIGINT: the child writes its report as it exits
         result: dict[str, Any] = json.loads(Path(report.name).read_text())
     during = [seconds for when, seconds in result["fulls"] if began <= when <= ended]
     at = [when - began for when, _ in result["fulls"] if began <= when <= ended]
@@ -154,16 +139,16 @@ def main() -> int:
     args.concurrency = args.concurrency or (8 if daemon else 16)
     args.max_tokens = args.max_tokens or (64 if daemon else 1)
 
-    backend = None
+    server = None
     if not daemon:  # the router's backend: a tiny-random daemon, outside the measurement
         port = free_port()
-        backend = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
+        server = start(
+            "backend",
             [sys.executable, "-m", "warmfleet_cli", "serve", "--model", "tiny-random",
              "--block-size", "32", "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            port, ALL_CPUS, "/readyz",
         )  # fmt: skip
-        wait_ready(backend)
+    backend = server.url if server else None
     results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     try:
         for run in range(args.runs):
@@ -182,9 +167,8 @@ def main() -> int:
                     flush=True,
                 )
     finally:
-        if backend is not None:
-            server.terminate()
-            server.wait(timeout=60)
+        if server is not None:
+            server.stop()
 
     print(f"\n{args.target}, {args.requests} requests at c={args.concurrency}, {args.runs} runs:")
     for freeze in (False, True):
