@@ -59,7 +59,7 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         type=int,
         choices=[8, 4],
         help="quantized KV cache (mlx-lm's): more cached tokens per GB in RAM and on disk; "
-        "decoding then runs one sequence per forward",
+        "decoding sequences then attend one at a time",
     )
     p.add_argument("--max-num-seqs", type=int, help="sequences prefilling or decoding at once")
     p.add_argument(

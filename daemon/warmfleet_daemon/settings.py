@@ -64,8 +64,8 @@ class DaemonSettings(BaseSettings):
     kv_bits: int | None = Field(
         None,
         description="quantize the KV cache to 8 or 4 bits (mlx-lm's quantized cache and "
-        "attention): more cached tokens per GB in RAM and on disk; decoding runs one "
-        "sequence per forward",
+        "attention): more cached tokens per GB in RAM and on disk; decoding sequences "
+        "attend one at a time",
     )
     max_context: int | None = Field(
         None,

@@ -306,12 +306,16 @@ class Engine:
                     "32, which quantization needs"
                 )
             self.kv_group_size = group
-        if config.kv_bits is not None and layout is not None:
-            # The decode batch's rows and per-sequence batches attend over float KV; mlx-lm's
-            # quantized attention runs one sequence per forward.
-            layout, why = None, f"--kv-bits {config.kv_bits}: quantized KV decodes per sequence"
+        if config.kv_bits is not None and layout == "latent":
+            layout, why = (
+                None,
+                f"--kv-bits {config.kv_bits}: quantized latent KV decodes per sequence",
+            )
         self._latent = layout == "latent"
         self._batched = layout is not None
+        # The decode batch's rows hold float KV: with quantized KV, sequences decode in one
+        # mlx-lm forward with attention per sequence over each one's quantized cache.
+        self._rows_allowed = config.kv_bits is None
         # On the CPU, decoding sequences share per-layer KV buffers and one attention call
         # per layer. Metal keeps per-sequence mx.fast attention (not yet measured there).
         self._rows: decode_batch.DecodeBatch | None = None
@@ -449,7 +453,7 @@ class Engine:
         gpu = self.loaded.on_gpu
         blocks, steps, solo = self._probe_alone()
         if self._batched:
-            if not gpu:
+            if not gpu and self._rows_allowed:
                 self._rows = decode_batch.DecodeBatch(self.config.max_num_seqs, latent=self._latent)
                 if self._logits.plain and decode_forward.supports(self.model):
                     self._decode_forward = decode_forward.DecodeForward(self.model)
@@ -890,14 +894,15 @@ class Engine:
         elif len(seqs) == 1:  # the same arithmetic as a batch of one, with fewer ops
             logits = self._logits(inputs, seqs[0].caches)
         elif self._batched:
-            layers = [
-                attention.SequenceBatch(
-                    [s.caches[i] for s in seqs],  # type: ignore[index]
-                    latent=self._latent,
-                )
-                for i in range(len(seqs[0].caches or []))
-            ]
-            logits = self._logits(inputs, layers)
+            # On the CPU in groups of at most head.ROW_GROUP sequences: past that many rows,
+            # OpenBLAS changes a row's result with its neighbours, and a batch must not.
+            step = head.ROW_GROUP if not self.loaded.on_gpu else len(seqs)
+            logits = mx.concatenate(
+                [
+                    self._sequence_batch_logits(inputs[i : i + step], seqs[i : i + step])
+                    for i in range(0, len(seqs), step)
+                ]
+            )
         else:  # caches that cannot be decoded side by side: one forward each
             logits = mx.concatenate(
                 [self._logits(inputs[i : i + 1], s.caches) for i, s in enumerate(seqs)]
@@ -910,6 +915,19 @@ class Engine:
         for seq, token in zip(seqs, token_ids):
             self._accept(seq, token, now)
 
+    def _sequence_batch_logits(self, inputs: mx.array, seqs: list[_Sequence]) -> mx.array:
+        """Logits of one decode step of `seqs`, each attending over its own caches."""
+        if len(seqs) == 1:  # the same arithmetic as a batch of one, with fewer ops
+            return self._logits(inputs, seqs[0].caches)
+        layers = [
+            attention.SequenceBatch(
+                [s.caches[i] for s in seqs],  # type: ignore[index]
+                latent=self._latent,
+            )
+            for i in range(len(seqs[0].caches or []))
+        ]
+        return self._logits(inputs, layers)
+
     def _decode_rows(self, inputs: mx.array) -> mx.array:
         """Logits (rows, vocab) of one decode step of every row of the decode batch."""
         rows = self._rows
@@ -917,8 +935,14 @@ class Engine:
         try:
             if self._decode_forward is not None:
                 logits = self._logits.project(self._decode_forward(inputs[:, 0], rows.step_views()))
-            else:
-                logits = self._logits(inputs, rows.step_views())
+            else:  # mlx-lm's forward, in row ranges as `_sequence_batch_logits` (see there)
+                step, count = head.ROW_GROUP, len(rows)
+                logits = mx.concatenate(
+                    [
+                        self._logits(inputs[i : i + step], rows.step_views(i, min(i + step, count)))
+                        for i in range(0, count, step)
+                    ]
+                )
             mx.eval(logits, rows.buffers())
         except Exception:
             rows.reset()  # its buffers may be half-written; every decoding request fails

@@ -127,19 +127,20 @@ class DecodeBatch:
         self._keys.clear()
         self._values.clear()
 
-    def step_views(self) -> list[LayerView]:
-        """The per-layer cache views for one decode step of every row (then `advance`)."""
-        rows = len(self.lengths)
-        self._ensure(rows=rows, tokens=max(self.lengths) + 1)
-        positions = mx.array(self.lengths)
+    def step_views(self, first: int = 0, stop: int | None = None) -> list[LayerView]:
+        """The per-layer cache views for one decode step of rows [first, stop) (all by
+        default; a step may take its rows in several ranges, then `advance` once)."""
+        stop = len(self.lengths) if stop is None else stop
+        self._ensure(rows=len(self.lengths), tokens=max(self.lengths) + 1)
+        positions = mx.array(self.lengths[first:stop])
         capacity = self.capacity
         heads = self._keys[0].shape[1]
         # Flat (rows * heads * capacity) index of each row's and head's next position.
-        slots = (mx.arange(rows)[:, None] * heads + mx.arange(heads)[None]) * capacity
+        slots = (mx.arange(first, stop)[:, None] * heads + mx.arange(heads)[None]) * capacity
         flat = (slots + positions[:, None]).reshape(-1)
-        groups = [self._group(start, stop, stream) for start, stop, stream in self._split(rows)]
+        groups = [self._group(a, b, stream) for a, b, stream in self._split(first, stop)]
         return [
-            LayerView(self, i, flat, groups, positions, latent=self.latent)
+            LayerView(self, i, flat, groups, positions, first=first, latent=self.latent)
             for i in range(len(self._keys))
         ]
 
@@ -179,9 +180,11 @@ class DecodeBatch:
             view[flat] = new.reshape(-1, dim)  # in place: the buffer has no other reader
             buffers[layer] = view.reshape(buf.shape)
 
-    def _read_flat(self, layer: int, rows: int, width: int) -> tuple[mx.array, mx.array]:
+    def _read_flat(
+        self, layer: int, first: int, stop: int, width: int
+    ) -> tuple[mx.array, mx.array]:
         keys, values = self._keys[layer], self._values[layer]
-        return keys[:rows, :, :width], values[:rows, :, :width]
+        return keys[first:stop, :, :width], values[first:stop, :, :width]
 
     def _read(self, layer: int, group: RowGroup) -> tuple[mx.array, mx.array]:
         out = []
@@ -191,15 +194,16 @@ class DecodeBatch:
             out.append(split[group.start : group.stop, :, : group.blocks])
         return out[0], out[1]
 
-    def _split(self, rows: int) -> list[tuple[int, int, mx.Stream]]:
-        if sum(self.lengths) < _SPLIT_KEYS or rows == 1:  # one group: the step's own stream
-            return [(0, rows, mx.default_stream(mx.cpu))]
+    def _split(self, first: int, stop: int) -> list[tuple[int, int, mx.Stream]]:
+        rows = stop - first
+        if sum(self.lengths[first:stop]) < _SPLIT_KEYS or rows == 1:  # the step's own stream
+            return [(first, stop, mx.default_stream(mx.cpu))]
         streams = self._streams.get(threading.get_ident())
         if streams is None:
             streams = [mx.new_stream(mx.cpu) for _ in range(self._stream_count)]
             self._streams[threading.get_ident()] = streams
         count = min(len(streams), rows)
-        bounds = [rows * i // count for i in range(count + 1)]
+        bounds = [first + rows * i // count for i in range(count + 1)]
         return [(bounds[i], bounds[i + 1], streams[i]) for i in range(count)]
 
     def _group(self, start: int, stop: int, stream: mx.Stream) -> RowGroup:
@@ -221,6 +225,7 @@ class LayerView:
         groups: list[RowGroup],
         offset: mx.array,
         *,
+        first: int = 0,
         latent: bool = False,
     ) -> None:
         self._batch = batch
@@ -228,6 +233,7 @@ class LayerView:
         self._flat = flat
         self.groups = groups
         self.offset = offset  # each row's position of the token being decoded (RoPE)
+        self.first = first  # the batch row of the step's first input row
         self.latent = latent
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
@@ -237,7 +243,7 @@ class LayerView:
             return self.store_and_read(keys, values)
         self._batch._write(self._layer, self._flat, keys, values)
         width = max(g.blocks for g in self.groups) * KEY_BLOCK
-        return self._batch._read_flat(self._layer, self.groups[-1].stop, width)
+        return self._batch._read_flat(self._layer, self.first, self.groups[-1].stop, width)
 
     def store_and_read(
         self, keys: mx.array, values: mx.array

@@ -3,10 +3,14 @@ shortest-remaining-prefill first, dedup of shared chunks, cancellation."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import pytest
+
 from support.engine import greedy, request, run, tokens_of
-from warmfleet_daemon.engine.core import Event
+from warmfleet_daemon.engine.core import Engine, EngineConfig, Event
+from warmfleet_daemon.models.tiny import tiny_random_model
 
 VOCAB = (100, 49000)
 
@@ -138,3 +142,45 @@ def test_one_request_holds_half_the_slots_and_its_choices_stay_what_they_are_alo
             alone = request(tokens, sampling=choices[i].sampling)
             assert tokens_of(got) == tokens_of(run(make_engine(tiny), alone)[0]), i
         assert len({tuple(tokens_of(e)) for e in events}) == (1 if sampling.greedy else 16)
+
+
+# SmolLM2-135M's widths (2 of its 30 layers): at the tiny models' widths OpenBLAS's
+# results never depend on the rows beside them, at these they do past 12 rows.
+REAL_WIDTHS = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    num_hidden_layers=2,
+)
+
+
+@pytest.mark.parametrize(
+    ("arch", "kv_bits", "path"),
+    [
+        ("qwen3", None, "batched rows, mlx-lm forward"),
+        ("llama", 8, "mlx-lm forward, attention per sequence"),
+    ],
+)
+def test_sixteen_sequences_decoding_together_each_get_their_solo_logprobs(
+    tiny, arch: str, kv_bits: int | None, path: str
+) -> None:
+    """mlx-lm's forward runs x @ W^T, for which OpenBLAS gives a row a different result
+    with more than 12 rows beside it; the engine takes such steps in row groups, so a
+    response (bitwise: its logprobs) never depends on what it was batched with."""
+    weights = tiny_random_model(vocab_size=tiny.model.args.vocab_size, arch=arch, **REAL_WIDTHS)
+    loaded = dataclasses.replace(tiny, model=weights)
+    engine = Engine(loaded, EngineConfig(32, 1 << 30, 16, kv_bits=kv_bits))
+    assert engine.decode_path == path
+    rng = random.Random(3)
+    prompts = [prompt(rng, 5 + i) for i in range(16)]  # all 16 decoding at once
+
+    def logprobs(events: list[Event]) -> list[tuple[int, float]]:
+        return [(lp.token, lp.logprob) for e in events for lp in e.logprobs]
+
+    sampling = greedy(24, logprobs=0, ignore_eos=True)
+    alone = [logprobs(run(engine, request(p, sampling=sampling))[0]) for p in prompts]
+    engine.clear_prefix_cache()
+    together = run(engine, *[request(p, sampling=sampling) for p in prompts])
+    assert [logprobs(t) for t in together] == alone

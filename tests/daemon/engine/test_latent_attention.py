@@ -45,21 +45,29 @@ def step_inputs(rows: int) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     return part(LATENT, HEADS, 0), part(ROTARY, HEADS, 1), part(LATENT, 1, 2), part(ROTARY, 1, 3)
 
 
-def rows_step(lengths: list[int], streams: int = 1) -> mx.array:
+def rows_step(
+    lengths: list[int], streams: int = 1, ranges: list[tuple[int, int]] | None = None
+) -> mx.array:
     """One MLA decode step of rows of these lengths, as deepseek_v3's layer runs it on a
-    decode batch view: the scores from the fetched values, then the attention hook."""
+    decode batch view: the scores from the fetched values, then the attention hook; with
+    `ranges`, the step's rows taken in those ranges, one view each (the engine's row groups)."""
     batch = DecodeBatch(max_rows=8, streams=streams, latent=True)
     for seed, n in enumerate(lengths):
         batch.admit([prefilled(n, seed)])
-    view = batch.step_views()[0]
     q_latent, q_rotary, new_latent, new_rotary = step_inputs(len(lengths))
-    latents, rotary = view.update_and_fetch(new_latent, new_rotary)
-    width = latents.shape[2]  # the step's key blocks, every row padded to them
-    assert latents.shape[:3] == rotary.shape[:3] == (len(lengths), 1, width)
-    assert width % KEY_BLOCK == 0 and width > max(lengths)
-    scores = (q_rotary * SCALE) @ rotary.swapaxes(-1, -2)
     hook = attention._make_hook(scaled_dot_product_attention, cpu=True)
-    out = hook(q_latent, latents, latents, cache=view, scale=SCALE, mask=scores)
+    outs = []
+    for first, stop in ranges or [(0, len(lengths))]:
+        view = batch.step_views(first, stop)[0]
+        latents, rotary = view.update_and_fetch(new_latent[first:stop], new_rotary[first:stop])
+        width = latents.shape[2]  # the range's key blocks, every row padded to them
+        assert latents.shape[:3] == rotary.shape[:3] == (stop - first, 1, width)
+        assert width % KEY_BLOCK == 0 and width > max(lengths[first:stop])
+        scores = (q_rotary[first:stop] * SCALE) @ rotary.swapaxes(-1, -2)
+        outs.append(
+            hook(q_latent[first:stop], latents, latents, cache=view, scale=SCALE, mask=scores)
+        )
+    out = mx.concatenate(outs)
     mx.eval(out)
     return out
 
@@ -96,6 +104,14 @@ def test_latent_row_groups_on_their_own_streams_compute_what_one_group_does() ->
     lengths = [40, 3000, 700, 5, 1290]  # enough keys to split the rows
     one = rows_step(lengths, streams=1)
     assert mx.array_equal(rows_step(lengths, streams=2), one).item()
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_step_taken_in_row_ranges_computes_what_one_range_does(streams: int) -> None:
+    lengths = [40, 3000, 700, 5, 1290]  # enough keys to split a range over streams
+    whole = rows_step(lengths, streams)
+    assert mx.array_equal(rows_step(lengths, streams, ranges=[(0, 2), (2, 5)]), whole).item()
+    assert mx.array_equal(rows_step(lengths, streams, ranges=[(0, 1), (1, 5)]), whole).item()
 
 
 def test_values_narrower_than_keys_keep_their_width_in_the_rows() -> None:

@@ -1,16 +1,21 @@
-"""Quantized KV (--kv-bits 8|4, mlx-lm's QuantizedKVCache and quantized attention): the
-invariant holds within a setting (a cached response is the uncached one under the same
-bits, from RAM, from disk, and decoded beside others), blocks take a fraction of the
-bytes, and a block of one setting never serves another (the fingerprint)."""
+"""Quantized KV (--kv-bits 8|4, mlx-lm's QuantizedKVCache; on the CPU a prefill chunk
+attends over the dequantized KV): the invariant holds within a setting (a cached response
+is the uncached one under the same bits, from RAM, from disk, and decoded beside others),
+blocks take a fraction of the bytes, and a block of one setting never serves another (the
+fingerprint)."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 
+import mlx.core as mx
 import pytest
+from mlx_lm.models import base
+from mlx_lm.models.cache import QuantizedKVCache
 
 from support.engine import greedy, model, request, run, tokens_of
+from warmfleet_daemon.engine import attention
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
@@ -75,7 +80,7 @@ def test_decoding_beside_others_changes_nothing(wide) -> None:
     e.clear_prefix_cache()
     together = run(e, *[request(p, sampling=greedy(12)) for p in prompts])
     assert [tokens_of(t) for t in together] == alone
-    assert "quantized KV decodes per sequence" in e.decode_path
+    assert e.decode_path == "mlx-lm forward, attention per sequence"
 
 
 def test_blocks_take_a_fraction_of_the_bytes(wide) -> None:
@@ -117,3 +122,24 @@ def test_each_setting_has_its_own_fingerprint(wide) -> None:
 def test_a_model_whose_heads_cannot_be_grouped_is_refused(tiny) -> None:
     with pytest.raises(Exception, match="--kv-bits 8"):
         engine(tiny, 8)  # 16-wide heads
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_cpu_prefill_chunk_attends_as_mlx_lms_quantized_attention(bits, causal) -> None:
+    """On the CPU a chunk attends over the cache's keys and values dequantized (mlx's
+    quantized matmul is slow there); it must compute what mlx-lm's quantized attention does."""
+    mx.random.seed(bits)
+    cache = QuantizedKVCache(group_size=32, bits=bits)
+    cache.update_and_fetch(mx.random.normal((1, 2, 70, 32)), mx.random.normal((1, 2, 70, 32)))
+    keys, values = cache.update_and_fetch(
+        mx.random.normal((1, 2, 30, 32)), mx.random.normal((1, 2, 30, 32))
+    )
+    queries = mx.random.normal((1, 4, 30, 32))  # two query heads per KV head
+    mask = "causal" if causal else None
+    ours = attention.dequantized_attention(queries, keys, values, 32, bits, 0.17, causal=causal)
+    theirs = base.scaled_dot_product_attention(
+        queries, keys, values, cache=cache, scale=0.17, mask=mask
+    )
+    assert ours.shape == theirs.shape == (1, 4, 30, 32)
+    assert mx.allclose(ours, theirs, atol=1e-5).item()
