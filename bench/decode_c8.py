@@ -13,6 +13,9 @@ vllm-mlx lives in its own virtualenv (its dependencies pin other versions of mlx
     ~/.cache/peers/vllm-mlx/bin/pip install vllm-mlx==0.6.0 'mlx[cpu]'
     .venv/bin/python bench/decode_c8.py [--rounds 5] [--vllm-mlx PATH/TO/bin/vllm-mlx]
 
+With `--kv-bits 8` (or 4) a second warmfleet daemon with quantized KV runs in the same
+rounds (`warmfleet --kv-bits 8`); the peers are compared with the float32 one.
+
 Figures per server and round:
   c=8 tok/s     completion tokens of 8 simultaneous 128-token streams / (last token -
                 first request sent): the aggregate a client sees, prefills included
@@ -89,9 +92,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model-dir", default=None, help="converted model (default: a temp dir)")
     ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX, help="its serve binary")
+    ap.add_argument("--kv-bits", type=int, choices=[8, 4], help="also warmfleet --kv-bits N")
     args = ap.parse_args()
     _, model_dir = prepare(args.model_dir)
     kinds = ["warmfleet", "mlx_lm.server"]
+    quantized = f"warmfleet --kv-bits {args.kv_bits}" if args.kv_bits else None
+    if quantized:
+        kinds.insert(1, quantized)
     if args.vllm_mlx.exists():
         kinds.append("vllm-mlx")
     else:
@@ -104,6 +111,9 @@ def main() -> int:
                 s = stack.enter_context(vllm_mlx(args.vllm_mlx, model_dir))  # type: ignore[arg-type]
                 endpoints[kind] = (s.url, s.model)
                 stream(s.url, s.model, [{"role": "user", "content": "hi"}], 1)  # prime
+            elif kind == quantized:
+                extra = ["--kv-bits", str(args.kv_bits)]
+                endpoints[kind] = stack.enter_context(server("warmfleet", model_dir, extra))
             else:
                 endpoints[kind] = stack.enter_context(server(kind, model_dir))
         print(f"servers up: {', '.join(kinds)}; warmfleet from {VENV_BIN}", flush=True)
@@ -125,14 +135,15 @@ def main() -> int:
         return statistics.median(getattr(figures[kind], name))
 
     title = f"median of {args.rounds} rounds"
-    print(f"\n{title:34}" + "".join(f"{k:>15}" for k in kinds))
+    width = max(15, *(len(k) + 2 for k in kinds))
+    print(f"\n{title:34}" + "".join(f"{k:>{width}}" for k in kinds))
     for name, label in (
         ("c8", "aggregate decode c=8 (tok/s)"),
         ("c1", "decode c=1 (tok/s)"),
         ("last_ttft", "TTFT of the 8th stream (s)"),
     ):
-        print(f"{label:34}" + "".join(f"{med(k, name):15.2f}" for k in kinds))
-    peers = [k for k in kinds if k != "warmfleet"]
+        print(f"{label:34}" + "".join(f"{med(k, name):{width}.2f}" for k in kinds))
+    peers = [k for k in kinds if not k.startswith("warmfleet")]
     best = max(peers, key=lambda k: med(k, "c8"))
     print(
         f"\nwarmfleet c=8 / best peer ({best}): {med('warmfleet', 'c8') / med(best, 'c8'):.2f}x "
@@ -152,6 +163,13 @@ def main() -> int:
         "warmfleet 8th-stream TTFT / mlx_lm.server's: "
         f"{med('warmfleet', 'last_ttft') / med('mlx_lm.server', 'last_ttft'):.2f}x (target <= 1x)"
     )
+    if quantized:
+        ratios = [figures[quantized].c8[i] / figures["warmfleet"].c8[i] for i in range(args.rounds)]
+        print(
+            f"{quantized} c=8 / float32 KV's, round by round: "
+            + ", ".join(f"{r:.2f}x" for r in ratios)
+            + f" (median {statistics.median(ratios):.2f}x)"
+        )
     return 0
 
 

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,12 +190,14 @@ def started(cmd: list[str], model: str, ready_path: str, env: dict[str, str]) ->
 
 
 @contextmanager
-def server(kind: str, model_dir: str) -> Iterator[tuple[str, str]]:
-    """A started server, primed with one tiny request (not shared with any prompt)."""
+def server(kind: str, model_dir: str, extra: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
+    """A started server, primed with one tiny request (not shared with any prompt);
+    `extra`: more `warmfleet serve` options."""
     port = free_port()
     env = {**os.environ}
     if kind == "warmfleet":
         cmd = [str(VENV_BIN / "warmfleet"), "serve", "--model", "default", "--port", str(port)]
+        cmd += extra
         model, ready_path = "default", "/readyz"
     else:
         cmd = [str(VENV_BIN / "mlx_lm.server"), "--model", model_dir, "--port", str(port)]
