@@ -313,9 +313,6 @@ class Engine:
             )
         self._latent = layout == "latent"
         self._batched = layout is not None
-        # The decode batch's rows hold float KV: with quantized KV, sequences decode in one
-        # mlx-lm forward with attention per sequence over each one's quantized cache.
-        self._rows_allowed = config.kv_bits is None
         # On the CPU, decoding sequences share per-layer KV buffers and one attention call
         # per layer. Metal keeps per-sequence mx.fast attention (not yet measured there).
         self._rows: decode_batch.DecodeBatch | None = None
@@ -453,7 +450,9 @@ class Engine:
         gpu = self.loaded.on_gpu
         blocks, steps, solo = self._probe_alone()
         if self._batched:
-            if not gpu and self._rows_allowed:
+            # The decode batch's rows hold float KV: quantized KV decodes in mlx-lm's forward
+            # with attention per sequence over each one's quantized cache.
+            if not gpu and self.config.kv_bits is None:
                 self._rows = decode_batch.DecodeBatch(self.config.max_num_seqs, latent=self._latent)
                 if self._logits.plain and decode_forward.supports(self.model):
                     self._decode_forward = decode_forward.DecodeForward(self.model)
@@ -894,14 +893,8 @@ class Engine:
         elif len(seqs) == 1:  # the same arithmetic as a batch of one, with fewer ops
             logits = self._logits(inputs, seqs[0].caches)
         elif self._batched:
-            # On the CPU in groups of at most head.ROW_GROUP sequences: past that many rows,
-            # OpenBLAS changes a row's result with its neighbours, and a batch must not.
-            step = head.ROW_GROUP if not self.loaded.on_gpu else len(seqs)
-            logits = mx.concatenate(
-                [
-                    self._sequence_batch_logits(inputs[i : i + step], seqs[i : i + step])
-                    for i in range(0, len(seqs), step)
-                ]
+            logits = self._in_row_groups(
+                len(seqs), lambda i, j: self._sequence_batch_logits(inputs[i:j], seqs[i:j])
             )
         else:  # caches that cannot be decoded side by side: one forward each
             logits = mx.concatenate(
@@ -914,6 +907,14 @@ class Engine:
             mx.clear_cache()
         for seq, token in zip(seqs, token_ids):
             self._accept(seq, token, now)
+
+    def _in_row_groups(self, count: int, logits_of: Callable[[int, int], mx.array]) -> mx.array:
+        """`logits_of(i, j)` for rows [i, j) of one decode step through mlx-lm's forward: on
+        the CPU in groups of at most head.ROW_GROUP rows, since past that many OpenBLAS
+        changes a row's result with its neighbours, and a batch must not."""
+        step = count if self.loaded.on_gpu else head.ROW_GROUP
+        parts = [logits_of(i, min(i + step, count)) for i in range(0, count, step)]
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def _sequence_batch_logits(self, inputs: mx.array, seqs: list[_Sequence]) -> mx.array:
         """Logits of one decode step of `seqs`, each attending over its own caches."""
@@ -935,13 +936,9 @@ class Engine:
         try:
             if self._decode_forward is not None:
                 logits = self._logits.project(self._decode_forward(inputs[:, 0], rows.step_views()))
-            else:  # mlx-lm's forward, in row ranges as `_sequence_batch_logits` (see there)
-                step, count = head.ROW_GROUP, len(rows)
-                logits = mx.concatenate(
-                    [
-                        self._logits(inputs[i : i + step], rows.step_views(i, min(i + step, count)))
-                        for i in range(0, count, step)
-                    ]
+            else:
+                logits = self._in_row_groups(
+                    len(rows), lambda i, j: self._logits(inputs[i:j], rows.step_views(i, j))
                 )
             mx.eval(logits, rows.buffers())
         except Exception:
