@@ -29,7 +29,8 @@ vllm-mlx lives in its own virtualenv, as bench/decode_c8.py says:
     .venv/bin/python bench/long_sessions.py [--sessions 8] [--rounds 2] [--skip vllm-mlx]
 
 It is served from the same weights (`warmfleet convert default DIR`) with
-`--continuous-batching --ssd-cache-dir DIR --ssd-cache-max-gb 20 --cache-memory-mb B`.
+`--continuous-batching --ssd-cache-dir DIR --ssd-cache-max-gb 20 --cache-memory-mb B
+--timeout 3600` (its default, 300 s without output, aborts a 14k-token prefill on a CPU).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def turn(
     }
     start = time.perf_counter()
     first = None
+    finish = None
     text = ""
     usage: dict[str, Any] = {}
     with httpx.stream(
@@ -165,10 +167,15 @@ def turn(
             chunk = json.loads(line[6:])
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
+                finish = choice.get("finish_reason") or finish
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
                     first = first or time.perf_counter()
                     text += piece
+    if finish is None:  # the server gave up on the request (vllm-mlx: its --timeout)
+        raise RuntimeError(
+            f"the stream ended without a finish_reason after {time.perf_counter() - start:.0f} s"
+        )
     if first is None:  # nothing streamed (an immediate EOS): the end is the first token
         first = time.perf_counter()
     details = usage.get("prompt_tokens_details") or {}
@@ -228,6 +235,8 @@ def vllm_mlx(binary: Path, model_dir: str, ssd: Path, budget_mb: int) -> Iterato
         str(ssd),
         "--ssd-cache-max-gb",
         "20",
+        "--timeout",  # its default, 300 s without output, aborts a long prefill on a CPU
+        "3600",
     ]
     with started(cmd, model_dir, "/health", env) as s:
         yield s.url
@@ -346,7 +355,10 @@ def main() -> int:
     ap.add_argument("--model-dir", default=None, help="converted model (default: a temp dir)")
     ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX, help="its serve binary")
     ap.add_argument(
-        "--skip", action="append", default=[], choices=["vllm-mlx", "kv8", "restart", "readme"]
+        "--skip",
+        action="append",
+        default=[],
+        choices=["warmfleet", "vllm-mlx", "kv8", "restart", "readme"],
     )
     args = ap.parse_args()
     print(f"load: {os.getloadavg()}", flush=True)
@@ -367,32 +379,34 @@ def main() -> int:
     runs: list[Run] = []
     work = Path(tempfile.mkdtemp(prefix="long-sessions-"))
     try:
-        with warmfleet(work / "wf", budget_mb, context, None) as url:
-            if "readme" not in args.skip:
-                cached, prompt, completion = readme_example(url)
-                print(
-                    f"README example: second turn cached {cached} = "
-                    f"{cached / (prompt + completion):.3f} of the first turn's "
-                    f"{prompt} + {completion} tokens",
-                    flush=True,
-                )
-            run = workload(url, "default", base, args, "warmfleet")
-            info = status(url)
-        if "restart" not in args.skip:
-            print("warmfleet: restart on the same --state-dir", flush=True)
+        info: dict[str, Any] = {}
+        if "warmfleet" not in args.skip:
             with warmfleet(work / "wf", budget_mb, context, None) as url:
-                resumed(url, "default", run.sessions, args, "restart", args.rounds)
-                run.labels.append("restart")
+                if "readme" not in args.skip:
+                    cached, prompt, completion = readme_example(url)
+                    print(
+                        f"README example: second turn cached {cached} = "
+                        f"{cached / (prompt + completion):.3f} of the first turn's "
+                        f"{prompt} + {completion} tokens",
+                        flush=True,
+                    )
+                run = workload(url, "default", base, args, "warmfleet")
                 info = status(url)
-        runs.append(run)
-        tier = info.get("disk_tier") or {}
-        print(
-            f"warmfleet disk tier: {tier.get('blocks')} blocks, "
-            f"{(tier.get('bytes') or 0) / (1 << 30):.2f} GiB, read "
-            f"{(tier.get('read_bytes') or 0) / (1 << 30):.2f} GiB in "
-            f"{tier.get('read_seconds', 0):.1f} s",
-            flush=True,
-        )
+            if "restart" not in args.skip:
+                print("warmfleet: restart on the same --state-dir", flush=True)
+                with warmfleet(work / "wf", budget_mb, context, None) as url:
+                    resumed(url, "default", run.sessions, args, "restart", args.rounds)
+                    run.labels.append("restart")
+                    info = status(url)
+            runs.append(run)
+            tier = info.get("disk_tier") or {}
+            print(
+                f"warmfleet disk tier: {tier.get('blocks')} blocks, "
+                f"{(tier.get('bytes') or 0) / (1 << 30):.2f} GiB, read "
+                f"{(tier.get('read_bytes') or 0) / (1 << 30):.2f} GiB in "
+                f"{tier.get('read_seconds', 0):.1f} s",
+                flush=True,
+            )
         if "kv8" not in args.skip:
             with warmfleet(work / "kv8", budget_mb, context, 8) as url:
                 kv8 = workload(url, "default", base, args, "warmfleet --kv-bits 8")
