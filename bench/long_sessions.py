@@ -217,7 +217,11 @@ def warmfleet(state_dir: Path, budget_mb: int, context: int, kv_bits: int | None
 @contextmanager
 def vllm_mlx(binary: Path, model_dir: str, ssd: Path, budget_mb: int) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ}
+    # It saves its prefix cache under ~/.cache/vllm-mlx at exit and loads it at start:
+    # a HOME of the run's own keeps an earlier run's sessions out of this one's cold turns.
+    home = ssd.parent / "vllm-mlx-home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "HOME": str(home)}
     blas = openblas()
     if blas:
         env["LD_PRELOAD"] = blas
