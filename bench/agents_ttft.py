@@ -75,7 +75,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_vs_mlx_lm import THREAD_TIMEOUT, openblas, prepare
+from engine_vs_mlx_lm import prepare, vllm_mlx_env
 
 VENV_BIN = Path(sys.executable).parent
 MODEL = "SmolLM2-135M-Instruct"  # the served name (Claude Code reads "default" as its alias)
@@ -470,11 +470,7 @@ def capture(project: Project, out: Path) -> None:
 @contextlib.contextmanager
 def vllm_mlx(binary: Path, model_dir: str, log: Path) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ}
-    blas = openblas()
-    if blas:
-        env["LD_PRELOAD"] = blas  # the BLAS warmfleet loads
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    env = vllm_mlx_env(log.parent / "vllm-mlx-home")
     cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching",
            "--served-model-name", MODEL]  # fmt: skip
     with log.open("w") as out:

@@ -26,25 +26,26 @@ Figures per server and round:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-from contextlib import ExitStack
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_vs_mlx_lm import (
-    THREAD_TIMEOUT,
     VENV_BIN,
+    Started,
     concurrent,
     free_port,
-    openblas,
     prepare,
     server,
     started,
     stream,
+    vllm_mlx_env,
 )
 
 TOPICS = ["dragons", "the sea", "a robot", "Paris", "a garden", "winter", "a train", "the moon"]
@@ -58,16 +59,16 @@ class Figures:
     last_ttft: list[float] = field(default_factory=list)
 
 
-def vllm_mlx(binary: Path, model_dir: str) -> object:
+@contextmanager
+def vllm_mlx(binary: Path, model_dir: str) -> Iterator[Started]:
     """vllm-mlx with continuous batching, as its README serves several clients."""
     port = free_port()
-    env = {**os.environ}
-    blas = openblas()
-    if blas:
-        env["LD_PRELOAD"] = blas
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # as warmfleet sets it
     cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching"]
-    return started(cmd, model_dir, "/health", env)
+    with (
+        tempfile.TemporaryDirectory(prefix="vllm-mlx-home-") as home,
+        started(cmd, model_dir, "/health", vllm_mlx_env(Path(home))) as s,
+    ):
+        yield s
 
 
 def one_round(url: str, model: str, rnd: int, figures: Figures) -> None:
@@ -108,7 +109,7 @@ def main() -> int:
         endpoints = {}
         for kind in kinds:
             if kind == "vllm-mlx":
-                s = stack.enter_context(vllm_mlx(args.vllm_mlx, model_dir))  # type: ignore[arg-type]
+                s = stack.enter_context(vllm_mlx(args.vllm_mlx, model_dir))
                 endpoints[kind] = (s.url, s.model)
                 stream(s.url, s.model, [{"role": "user", "content": "hi"}], 1)  # prime
             elif kind == quantized:

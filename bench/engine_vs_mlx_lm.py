@@ -142,6 +142,19 @@ def openblas() -> str | None:
     return found[0] if found else None
 
 
+def vllm_mlx_env(home: Path) -> dict[str, str]:
+    """vllm-mlx's environment: the BLAS warmfleet loads, and a HOME of its own, because
+    it saves its prefix cache under ~/.cache/vllm-mlx at exit and loads it at start (an
+    earlier run's prompts would be warm in this one)."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home)}
+    blas = openblas()
+    if blas:
+        env["LD_PRELOAD"] = blas
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # as warmfleet sets it
+    return env
+
+
 @dataclass
 class Started:
     url: str

@@ -56,12 +56,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_vs_mlx_lm import (
     PARAGRAPHS,
-    THREAD_TIMEOUT,
     VENV_BIN,
     free_port,
-    openblas,
     prepare,
     started,
+    vllm_mlx_env,
 )
 
 DEFAULT_VLLM_MLX = Path.home() / ".cache/peers/vllm-mlx/bin/vllm-mlx"
@@ -217,15 +216,7 @@ def warmfleet(state_dir: Path, budget_mb: int, context: int, kv_bits: int | None
 @contextmanager
 def vllm_mlx(binary: Path, model_dir: str, ssd: Path, budget_mb: int) -> Iterator[str]:
     port = free_port()
-    # It saves its prefix cache under ~/.cache/vllm-mlx at exit and loads it at start:
-    # a HOME of the run's own keeps an earlier run's sessions out of this one's cold turns.
-    home = ssd.parent / "vllm-mlx-home"
-    home.mkdir(exist_ok=True)
-    env = {**os.environ, "HOME": str(home)}
-    blas = openblas()
-    if blas:
-        env["LD_PRELOAD"] = blas
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    env = vllm_mlx_env(ssd.parent / "vllm-mlx-home")
     cmd = [
         str(binary),
         "serve",
