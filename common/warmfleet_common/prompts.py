@@ -130,6 +130,7 @@ class PromptBuilder:
         if max_tokens is not None and len(tokens) >= max_tokens:
             raise PromptTooLong(len(tokens))  # before any cut is looked for
         starts = [0] * len(messages)
+        packed = array("q", tokens).tobytes()  # the tokenizer's ids; each cut hashes a prefix
         for index in _cut_candidates(len(messages)):
             if cancelled is not None and cancelled():
                 raise PromptCancelled("the client went away")
@@ -138,14 +139,14 @@ class PromptBuilder:
                 continue
             cut, head_digest = found
             # Skip if the template renders this message differently once more follow.
-            if 0 < cut < len(tokens) and _digest(tokens[:cut]) == head_digest:
+            if 0 < cut < len(tokens) and _digest_packed(packed, cut) == head_digest:
                 starts[index] = cut
         reply = 0
         if add_generation_prompt:
             reply_turn = [*messages, {"role": "assistant", "content": ""}]
             found = self._content_start(reply_turn, len(messages), tools, kwargs)
             if found is not None and 0 < found[0] < len(tokens):
-                reply = found[0] if _digest(tokens[: found[0]]) == found[1] else 0
+                reply = found[0] if _digest_packed(packed, found[0]) == found[1] else 0
         cuts = tuple(sorted({c for c in [*starts, reply] if c}))
         return RenderedPrompt(tuple(tokens), cuts, text, tuple(starts[added:]), reply)
 
@@ -417,6 +418,11 @@ def _check_unicode(text: str) -> None:
 
 def _digest(tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(_packed(tokens), digest_size=16).digest()
+
+
+def _digest_packed(packed: bytes, count: int) -> bytes:
+    """_digest(tokens[:count]) from `array("q", tokens).tobytes()`, packed once."""
+    return hashlib.blake2b(memoryview(packed)[: 8 * count], digest_size=16).digest()
 
 
 def _packed(tokens: Sequence[int]) -> bytes:
