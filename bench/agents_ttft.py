@@ -66,7 +66,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,6 +290,7 @@ class Project:
     work: Path
     agents: Path
     max_output: int
+    claude_settings: dict[str, str] = field(default_factory=dict)  # --claude-env
 
     def bin(self, cli: str) -> Path:
         return self.agents / "node_modules" / ".bin" / cli
@@ -304,6 +305,7 @@ class Project:
             "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(self.max_output),
+            **self.claude_settings,
         }
 
     def codex_env(self, url: str, model: str = MODEL) -> dict[str, str]:
@@ -436,9 +438,9 @@ def _server(run: Run, first: dict[str, float] | None) -> None:
         run.server_cached_tokens = int(first["hits"])
 
 
-def capture(project: Project, out: Path) -> None:
-    """Both CLIs' warm prompts, captured from the project directory into `out`."""
-    for cli in ("claude", "codex"):
+def capture(project: Project, out: Path, clis: Sequence[str]) -> None:
+    """The CLIs' warm prompts, captured from the project directory into `out`."""
+    for cli in clis:
         port = free_port()
         cap = subprocess.Popen(
             [str(VENV_BIN / "warmfleet"), "warm-prompts", "capture", "--port", str(port),
@@ -568,11 +570,21 @@ def main() -> int:
     ap.add_argument("--model-dir", default=None, help="converted model for vllm-mlx")
     ap.add_argument("--dir", type=Path, help="keep the work here (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write the raw runs here")
+    ap.add_argument(
+        "--claude-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for Claude Code's capture and runs, e.g. "
+        "CLAUDE_CODE_DISABLE_BUNDLED_SKILLS=1 (its skill list leaves the environment "
+        "message that follows the user's words)",
+    )
     args = ap.parse_args()
     parts = args.only or ["cold", "warm", "vllm-mlx"]
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="agents-ttft-"))
-    project = Project(root / "home", root / "project", args.agents, args.max_output)
+    settings = dict(item.split("=", 1) for item in args.claude_env)
+    project = Project(root / "home", root / "project", args.agents, args.max_output, settings)
     project.home.mkdir(parents=True, exist_ok=True)
     project.work.mkdir(parents=True, exist_ok=True)
     (project.work / "README.md").write_text("# demo\nA project the agents are asked about.\n")
@@ -580,11 +592,12 @@ def main() -> int:
     print(f"work in {root}; {uptime()}")
     print(f"settings: warmfleet up --nodes {args.nodes} --model default --max-context {CONTEXT}"
           f" --max-output-tokens {args.max_output} [--warm {warm_file.name}]; "
-          f"CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output}; {args.runs} runs per CLI and "
+          f"CLAUDE_CODE_MAX_OUTPUT_TOKENS={args.max_output} {' '.join(args.claude_env)}; "
+          f"{args.runs} runs per CLI and "
           f"fleet; re-warm between warm rounds: {args.rewarm}")  # fmt: skip
     print(f"versions: {versions(project, args.vllm_mlx)}")
     if not warm_file.exists():
-        capture(project, warm_file)
+        capture(project, warm_file, args.cli or ("claude", "codex"))
     runs: list[Run] = []
     n = 0
     for where in ("cold", "warm"):
