@@ -607,7 +607,7 @@ def main() -> int:
         with fleet(root / f"fleet-{where}", args.nodes, warm, args.max_output) as f:
             if where == "warm":
                 started = time.monotonic()
-                f.wait_warm()
+                f.wait_warm(prompts=len(args.cli or ("claude", "codex")))
                 print(f"warm: {f.warm_tokens()} in {time.monotonic() - started:.0f}s")
             for i in range(args.runs):
                 for cli in args.cli or ("claude", "codex"):
