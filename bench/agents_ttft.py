@@ -583,6 +583,9 @@ def main() -> int:
     parts = args.only or ["cold", "warm", "vllm-mlx"]
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="agents-ttft-"))
+    clis = args.cli or ["claude", "codex"]
+    if any("=" not in item for item in args.claude_env):
+        ap.error("--claude-env takes NAME=VALUE")
     settings = dict(item.split("=", 1) for item in args.claude_env)
     project = Project(root / "home", root / "project", args.agents, args.max_output, settings)
     project.home.mkdir(parents=True, exist_ok=True)
@@ -597,7 +600,7 @@ def main() -> int:
           f"fleet; re-warm between warm rounds: {args.rewarm}")  # fmt: skip
     print(f"versions: {versions(project, args.vllm_mlx)}")
     if not warm_file.exists():
-        capture(project, warm_file, args.cli or ("claude", "codex"))
+        capture(project, warm_file, clis)
     runs: list[Run] = []
     n = 0
     for where in ("cold", "warm"):
@@ -607,14 +610,14 @@ def main() -> int:
         with fleet(root / f"fleet-{where}", args.nodes, warm, args.max_output) as f:
             if where == "warm":
                 started = time.monotonic()
-                f.wait_warm(prompts=len(args.cli or ("claude", "codex")))
+                f.wait_warm(prompts=len(clis))
                 print(f"warm: {f.warm_tokens()} in {time.monotonic() - started:.0f}s")
             for i in range(args.runs):
-                for cli in args.cli or ("claude", "codex"):
+                for cli in clis:
                     took = 0.0
                     if where == "cold":
                         took = f.clear(warm=False)
-                    elif cli == (args.cli or ["claude"])[0] and i and args.rewarm:
+                    elif cli == clis[0] and i and args.rewarm:
                         # One re-warm per round: the two CLIs' sessions share no prefix.
                         took = f.clear(warm=True)
                     quiet(args.max_load, args.patience)
