@@ -21,23 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from warmfleet_common.rendering import FastRenderer, plain_messages
-
-
-class TierCosts(BaseModel):
-    """What a prompt token costs this daemon, measured at start on its own hardware."""
-
-    prefill_us_per_token: float = Field(
-        ge=0, description="computing its KV in a prefill chunk of block_size tokens"
-    )
-    ram_restore_us_per_token: float = Field(
-        ge=0, description="copying its cached KV from RAM into a sequence"
-    )
-    disk_read_us_per_token: float | None = Field(
-        ge=0, description="reading it from the disk tier (None: no disk tier)"
-    )
-    kv_bytes_per_token: int = Field(
-        ge=1, description="bytes of KV per token (what a disk read or a peer copy moves)"
-    )
+from warmfleet_common.tiers import TierCosts
 
 
 class CacheLayout(BaseModel):

@@ -31,9 +31,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.contract import WarmSetStatus
 from warmfleet_common.grants import GRANT_PATTERN
+from warmfleet_common.tiers import Tier, TierCosts
 
 # A block key (16 bytes, warmfleet_common.chunking) in lowercase hex.
 BlockHex = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -70,10 +70,6 @@ class EventsHeartbeat(_Wire):
 
     type: Literal["heartbeat"] = "heartbeat"
     seq: Seq
-
-
-# Where a block is held: the daemon's RAM, its disk tier, or (later) a peer.
-Tier = Literal["ram", "disk", "peer"]
 
 
 class _BlockEvent(_Wire):
