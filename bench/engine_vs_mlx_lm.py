@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from warmfleet_daemon.blas import THREAD_TIMEOUT
+from warmfleet_daemon.support.blas import THREAD_TIMEOUT
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

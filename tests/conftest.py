@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from warmfleet_daemon.blas import ensure_fast_blas
+from warmfleet_daemon.support.blas import ensure_fast_blas
 
 ensure_fast_blas()
 

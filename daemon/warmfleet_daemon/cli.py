@@ -14,7 +14,7 @@ from typing import Any
 
 from warmfleet_common.heap import freeze_heap
 from warmfleet_common.logs import setup_logging
-from warmfleet_daemon.blas import ensure_fast_blas, log_blas
+from warmfleet_daemon.support.blas import ensure_fast_blas, log_blas
 
 log = logging.getLogger("warmfleet")
 
@@ -208,13 +208,13 @@ def serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from warmfleet_daemon.api.app import create_app
-    from warmfleet_daemon.drain import DrainingServer
     from warmfleet_daemon.kvtransfer.snapshots import check_directory as check_snapshot_directory
     from warmfleet_daemon.models.loader import on_gpu
     from warmfleet_daemon.node.cli import register_if_asked
+    from warmfleet_daemon.runtime.drain import DrainingServer
     from warmfleet_daemon.settings import DaemonSettings
-    from warmfleet_daemon.state_store import StateStore
-    from warmfleet_daemon.warming import read_warm_prompts_file
+    from warmfleet_daemon.warming.manager import read_warm_prompts_file
+    from warmfleet_daemon.warming.state_store import StateStore
 
     overrides = settings_overrides(args)
     try:

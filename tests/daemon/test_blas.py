@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from warmfleet_daemon import blas
+from warmfleet_daemon.support import blas
 
 PROBE = (
-    "import os; from warmfleet_daemon.blas import ensure_fast_blas; "
+    "import os; from warmfleet_daemon.support.blas import ensure_fast_blas; "
     "info = ensure_fast_blas(); print(info.fast, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
 )
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from warmfleet_common.chunking import Chunk, plan_chunks, root_key
-from warmfleet_daemon.cache_events import CacheEventLog
-from warmfleet_daemon.prefix_cache import PrefixCache
+from warmfleet_daemon.cache.events import CacheEventLog
+from warmfleet_daemon.cache.prefix_cache import PrefixCache
 
 ROOT = root_key("test-model")
 

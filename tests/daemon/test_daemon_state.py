@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from warmfleet_daemon.assembly import DaemonState
 from warmfleet_daemon.models.loader import LoadedModel
+from warmfleet_daemon.runtime.assembly import DaemonState
 from warmfleet_daemon.settings import DaemonSettings
 
 

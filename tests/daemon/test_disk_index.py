@@ -4,7 +4,7 @@ exact eviction orders (least recently used leaves first), the budget."""
 from __future__ import annotations
 
 from warmfleet_common.chunking import Chunk, plan_chunks, root_key
-from warmfleet_daemon.disk_index import DiskEntry, DiskIndex
+from warmfleet_daemon.kvtransfer.disk_index import DiskEntry, DiskIndex
 
 ROOT = root_key("test")
 

@@ -4,8 +4,8 @@ within the pin budget, forgotten with a cache clear (plain Python: fake payloads
 from __future__ import annotations
 
 from warmfleet_common.chunking import plan_chunks, root_key
-from warmfleet_daemon.pins import TimedPins
-from warmfleet_daemon.prefix_cache import PrefixCache
+from warmfleet_daemon.cache.prefix_cache import PrefixCache
+from warmfleet_daemon.warming.pins import TimedPins
 
 
 def stored(cache: PrefixCache[str], tokens: list[int]) -> list[bytes]:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet_common.chunking import Chunk, chain_key, plan_chunks, root_key
-from warmfleet_daemon.prefix_cache import InsertOutcome, PrefixCache
+from warmfleet_daemon.cache.prefix_cache import InsertOutcome, PrefixCache
 
 ROOT = root_key("test-model")
 

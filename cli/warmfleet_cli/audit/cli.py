@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("info")
-    from warmfleet_daemon.blas import ensure_fast_blas
+    from warmfleet_daemon.support.blas import ensure_fast_blas
 
     ensure_fast_blas()  # before the tokenizer loader imports mlx
     from rich.console import Console

@@ -14,8 +14,8 @@ from typing import Any
 from warmfleet_common.errors import anthropic_error_body, anthropic_type
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.output import Piece, Splitter, merge
-from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, Usage
+from warmfleet_daemon.runtime.assembly import Ready
 
 PING_EVERY_S = 5.0  # Anthropic clients wait for bytes; a long prefill sends pings
 

@@ -21,8 +21,8 @@ from warmfleet_daemon.api import (
 )
 from warmfleet_daemon.api.errors import BodySizeLimit, CatchUnexpected, install_error_handlers
 from warmfleet_daemon.api.spill import SpillPeer
-from warmfleet_daemon.assembly import DaemonState
 from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.runtime.assembly import DaemonState
 from warmfleet_daemon.settings import DaemonSettings
 
 

@@ -7,9 +7,9 @@ from warmfleet_daemon.api.channels import writes_channels
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.schemas import ChatCompletionRequest, NamedToolChoice
 from warmfleet_daemon.api.tool_calls import forced_call_grammar, tool_format
-from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.finite_schema import no_finite_instance
 from warmfleet_daemon.engine.grammar import GrammarError, json_schema_grammar, lark_grammar
+from warmfleet_daemon.runtime.assembly import Ready
 
 
 def tool_choice(body: ChatCompletionRequest) -> str | NamedToolChoice:

@@ -14,8 +14,8 @@ from warmfleet_common.agent_apis.anthropic import Message, MessagesRequest
 from warmfleet_common.agent_apis.responses import InputItem, MessageItem, ResponsesRequest
 from warmfleet_common.contract import ChatMessage
 from warmfleet_daemon.api.schemas import ChatCompletionRequest
-from warmfleet_daemon.assembly import Ready
-from warmfleet_daemon.next_turn import Continuation, tool_call_ids
+from warmfleet_daemon.runtime.assembly import Ready
+from warmfleet_daemon.warming.next_turn import Continuation, tool_call_ids
 
 _ITEMS = TypeAdapter(list[InputItem])
 

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 
 from warmfleet_common.grants import GRANT_HEADER, grant_refusal, grant_url, urls_reached_at
 from warmfleet_daemon.api.errors import APIError
-from warmfleet_daemon.assembly import DaemonState, Ready
+from warmfleet_daemon.runtime.assembly import DaemonState, Ready
 
 
 def get_state(request: Request) -> DaemonState:

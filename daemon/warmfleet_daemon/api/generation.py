@@ -43,10 +43,10 @@ from warmfleet_daemon.api.schemas import (
 )
 from warmfleet_daemon.api.spill import current_peer
 from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
-from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.processors import TokenLogprob
 from warmfleet_daemon.engine.sampling import SamplingParams
+from warmfleet_daemon.runtime.assembly import Ready
 from warmfleet_daemon.settings import DaemonSettings
 
 log = logging.getLogger(__name__)

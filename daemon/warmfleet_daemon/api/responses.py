@@ -16,8 +16,8 @@ from typing import Any
 from warmfleet_common.agent_apis.responses import NamedFunction, ResponsesRequest
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.output import Piece, merge
-from warmfleet_daemon.assembly import Ready
 from warmfleet_daemon.engine.core import Event, Usage
+from warmfleet_daemon.runtime.assembly import Ready
 
 # While a long prompt is prefilled: a `keepalive` event, as OpenAI's own Responses API
 # sends on long requests. Codex restarts a stream after 300 s without an event (an SSE

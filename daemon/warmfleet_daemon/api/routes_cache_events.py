@@ -29,8 +29,8 @@ from warmfleet_common.wire import (
     event_line,
 )
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.disk_index import DiskEntry
 from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.kvtransfer.disk_index import DiskEntry
 
 router = APIRouter(
     prefix="/v1/cache",

@@ -16,11 +16,11 @@ from warmfleet_common.spill import peer_url_valid
 from warmfleet_common.wire import CachePull, CachePullResult
 from warmfleet_daemon.api.deps import AdminDep, PeerReaderDep, ReadyDep
 from warmfleet_daemon.api.errors import APIError
+from warmfleet_daemon.cache.prefix_cache import PrefixCache
 from warmfleet_daemon.kvtransfer.codec import BlockCodec
 from warmfleet_daemon.kvtransfer.peers import MAX_KEYS
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.kvtransfer.wire import MEDIA_TYPE, frame
-from warmfleet_daemon.prefix_cache import PrefixCache
 
 router = APIRouter(
     prefix="/v1/cache",

@@ -41,6 +41,7 @@ import mlx.core as mx
 
 from warmfleet_common.chunking import BlockKey, Chunk, plan_chunks, root_key
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_daemon.cache.prefix_cache import InsertOutcome, PrefixCache
 from warmfleet_daemon.engine import (
     activation,
     attention,
@@ -55,7 +56,6 @@ from warmfleet_daemon.engine.processors import SequenceProcessors, TokenLogprob
 from warmfleet_daemon.engine.sampling import Sampler, SamplingParams
 from warmfleet_daemon.engine.stops import StopStringFilter
 from warmfleet_daemon.models.loader import LoadedModel, model_family
-from warmfleet_daemon.prefix_cache import InsertOutcome, PrefixCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

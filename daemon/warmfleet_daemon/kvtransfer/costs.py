@@ -21,13 +21,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.chunking import Chunk
+from warmfleet_common.tiers import Tier, TierCosts
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.codec import BlockCodec
 from warmfleet_daemon.kvtransfer.disk_tier import SUFFIX
-from warmfleet_daemon.regular_files import descriptor_path, open_regular
+from warmfleet_daemon.support.regular_files import descriptor_path, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +68,20 @@ def measure_tier_costs(
     if disk_directory is not None:
         disk_s = _disk_read_time(codec, blocks[0], chunk, disk_directory, share)
     mx.clear_cache()
+    hit_us: dict[Tier, float] = {"ram": restore_s * 1e6 / size}
+    if disk_s is not None:
+        hit_us["disk"] = (disk_s + restore_s) * 1e6 / size
     costs = TierCosts(
         prefill_us_per_token=prefill_s * 1e6 / size,
-        ram_restore_us_per_token=restore_s * 1e6 / size,
-        disk_read_us_per_token=None if disk_s is None else disk_s * 1e6 / size,
+        hit_us_per_token=hit_us,
         kv_bytes_per_token=max(1, codec.kv_bytes_per_token()),
     )
     log.info(
-        "Tier costs per token (a %d-token block, fastest runs): prefill %.1f us, RAM restore "
-        "%.2f us, disk read %s, %d KV bytes",
+        "Tier costs per token (a %d-token block, fastest runs): prefill %.1f us, a hit %s, "
+        "%d KV bytes",
         size,
         costs.prefill_us_per_token,
-        costs.ram_restore_us_per_token,
-        "none (no disk tier)"
-        if costs.disk_read_us_per_token is None
-        else f"{costs.disk_read_us_per_token:.2f} us",
+        ", ".join(f"in {t} {us:.2f} us" for t, us in costs.hit_us_per_token.items()),
         costs.kv_bytes_per_token,
     )
     return costs

@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from warmfleet_common.chunking import BlockKey, Chunk
-from warmfleet_daemon.disk_index import DiskEntry, DiskIndex
+from warmfleet_daemon.cache.prefix_cache import BlockView, PrefixCache
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import wait_until_gone
 from warmfleet_daemon.kvtransfer.codec import FORMAT, BlockCodec, BlockError
+from warmfleet_daemon.kvtransfer.disk_index import DiskEntry, DiskIndex
 from warmfleet_daemon.kvtransfer.prefetch import Prefetch
-from warmfleet_daemon.prefix_cache import BlockView, PrefixCache
-from warmfleet_daemon.regular_files import (
+from warmfleet_daemon.support.regular_files import (
     UnusableFile,
     check_regular,
     descriptor_path,

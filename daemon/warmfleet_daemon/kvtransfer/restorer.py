@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from warmfleet_common.chunking import Chunk
 from warmfleet_common.contract import PeerRef
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_daemon.cache.prefix_cache import BlockSource, InsertOutcome
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
-from warmfleet_daemon.prefix_cache import BlockSource, InsertOutcome
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, BlockError
-from warmfleet_daemon.regular_files import (
+from warmfleet_daemon.support.regular_files import (
     UnusableFile,
     check_regular,
     descriptor_path,

@@ -26,14 +26,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.chunking import Chunk
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_common.tiers import TierCosts
+from warmfleet_daemon.cache.prefix_cache import PrefixCache
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import wait_until_gone
 from warmfleet_daemon.kvtransfer.peers import BATCH, PeerClient
 from warmfleet_daemon.kvtransfer.prefetch import Prefetch
-from warmfleet_daemon.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def copy_is_faster(
     prefilling them here."""
     requests = 1 + math.ceil(blocks / BATCH)  # the fingerprint, then batches of blocks
     transfer = tokens * costs.kv_bytes_per_token / max(bytes_per_s, 1.0)
-    restore = tokens * costs.ram_restore_us_per_token / 1e6
+    restore = tokens * costs.hit_us_per_token["ram"] / 1e6
     return Estimate(
         requests * latency_s + transfer + restore, tokens * costs.prefill_us_per_token / 1e6
     )

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.chunking import BlockKey, Chunk
+from warmfleet_common.tiers import TierCosts
 from warmfleet_common.wire import CachePullResult
+from warmfleet_daemon.cache.prefix_cache import InsertOutcome
 from warmfleet_daemon.engine.core import Engine, on_a_thread_of_its_own
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
@@ -21,7 +22,6 @@ from warmfleet_daemon.kvtransfer.peers import PeerClient
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
 from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillMode
-from warmfleet_daemon.prefix_cache import InsertOutcome
 
 log = logging.getLogger(__name__)
 

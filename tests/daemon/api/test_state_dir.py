@@ -23,7 +23,7 @@ from support.engine import model
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
-from warmfleet_daemon.state_store import FILE_NAME, StateStore
+from warmfleet_daemon.warming.state_store import FILE_NAME, StateStore
 
 SYSTEM = {"role": "system", "content": "You are Pager, the on-call agent. Be brief. " * 6}
 

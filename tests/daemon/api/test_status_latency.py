@@ -14,10 +14,10 @@ import pytest
 from support.engine import model
 from support.processes import serving
 from warmfleet_common.prompts import RenderedPrompt
-from warmfleet_daemon import cache_diagnostics
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine, EngineConfig, Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
+from warmfleet_daemon.runtime import diagnostics as cache_diagnostics
 from warmfleet_daemon.settings import DaemonSettings
 
 TOKEN = "status-token"

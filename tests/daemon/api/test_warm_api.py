@@ -13,7 +13,7 @@ from support.engine import model
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine, EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
-from warmfleet_daemon.warming import WarmManager
+from warmfleet_daemon.warming.manager import WarmManager
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -20,7 +20,7 @@ import pytest
 from support.engine import request, run, tokens_of
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_common.wire import event_line, parse_event_line
-from warmfleet_daemon.cache_events import CacheEventLog
+from warmfleet_daemon.cache.events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine, Usage
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier

@@ -14,8 +14,8 @@ import pytest
 
 from support.engine import request, run, tokens_of
 from support.kv import BLOCK, Peer, answer, from_scratch, prompts
-from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_common.tiers import TierCosts
 from warmfleet_daemon.engine.core import Engine, Usage
 from warmfleet_daemon.kvtransfer.spill import copy_is_faster
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
@@ -114,8 +114,7 @@ def test_auto_copies_only_when_the_estimate_says_faster(warm_peer, tiny, make_en
 def costs_of(prefill_us: float, restore_us: float, kv_bytes: int) -> TierCosts:
     return TierCosts(
         prefill_us_per_token=prefill_us,
-        ram_restore_us_per_token=restore_us,
-        disk_read_us_per_token=None,
+        hit_us_per_token={"ram": restore_us},
         kv_bytes_per_token=kv_bytes,
     )
 

@@ -14,7 +14,7 @@ from support.engine import greedy, model, tokens_of
 from warmfleet_common.contract import PromptState, WarmSetSpec
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_daemon.engine.core import Engine, EngineConfig, GenerationRequest
-from warmfleet_daemon.warming import (
+from warmfleet_daemon.warming.manager import (
     Limits,
     WarmManager,
     WarmSetError,
@@ -206,7 +206,7 @@ def test_generations_are_ordered_within_one_uid_only(warm) -> None:
 
 
 def test_progress_and_summary_are_logged(warm, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="warmfleet_daemon.warming")
+    caplog.set_level(logging.INFO, logger="warmfleet_daemon.warming.manager")
     other = {"role": "system", "content": "You answer HR questions. " * 8}
     warm.apply("team", "s", spec(a={"messages": [SYSTEM]}, b={"messages": [other]}))
     wait_warm(warm)

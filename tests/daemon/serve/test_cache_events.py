@@ -68,8 +68,8 @@ def test_events_after_a_snapshot_carry_the_keys_a_router_computes(daemon: Daemon
         httpx.get(f"{daemon.url}/v1/cache/layout", headers=AUTH, timeout=30).json()
     )
     assert snap["fingerprint"] == layout.fingerprint and layout.block_size == 32
-    assert layout.costs is not None and layout.costs.disk_read_us_per_token is None
-    assert 0 < layout.costs.ram_restore_us_per_token < layout.costs.prefill_us_per_token
+    assert layout.costs is not None and "disk" not in layout.costs.hit_us_per_token
+    assert 0 < layout.costs.hit_us_per_token["ram"] < layout.costs.prefill_us_per_token
     expected = request_blocks(LayoutKeyer(layout), "chat", CHAT)
     assert len(expected.keys) >= 3  # system prompt blocks, then the question
 

@@ -42,8 +42,9 @@ def test_a_restarted_daemon_resumes_a_session_from_disk(tmp_path: Path) -> None:
         assert status["disk_tier"]["state"] == "on"
         costs = httpx.get(f"{first.url}/v1/cache/layout", timeout=30).json()["costs"]
         assert costs == status["tier_costs"]  # measured once, at start
-        assert costs["disk_read_us_per_token"] > 0 and costs["kv_bytes_per_token"] > 0
-        assert 0 < costs["ram_restore_us_per_token"] < costs["prefill_us_per_token"]
+        hit_us = costs["hit_us_per_token"]
+        assert hit_us["disk"] > hit_us["ram"] and costs["kv_bytes_per_token"] > 0
+        assert 0 < hit_us["ram"] < costs["prefill_us_per_token"]
     finally:
         assert first.stop() == 0  # a graceful stop writes what the disk lacks
     assert any((tmp_path / "kv-cache").rglob("*.safetensors"))
@@ -86,7 +87,7 @@ def test_a_read_only_cache_dir_leaves_the_daemon_serving(tmp_path: Path) -> None
             tier = httpx.get(f"{daemon.url}/v1/status", timeout=10).json()["disk_tier"]
             assert tier["state"] == "off" and "Read-only" in tier["error"]
             costs = httpx.get(f"{daemon.url}/v1/status", timeout=10).json()["tier_costs"]
-            assert costs["disk_read_us_per_token"] is None  # no disk tier to read from
+            assert "disk" not in costs["hit_us_per_token"]  # no disk tier to read from
             assert "disk tier is off" in daemon.log()
         finally:
             daemon.stop()

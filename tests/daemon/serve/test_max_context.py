@@ -10,7 +10,7 @@ import pytest
 
 from support.engine import model
 from support.processes import start_daemon
-from warmfleet_daemon.assembly import with_context
+from warmfleet_daemon.runtime.assembly import with_context
 
 
 def test_beyond_the_configured_context_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmfleet_common.chunking import BlockKey
-from warmfleet_daemon.background import BackgroundThread
-from warmfleet_daemon.prefix_cache import BlockView, PrefixCache
+from warmfleet_daemon.cache.prefix_cache import BlockView, PrefixCache
+from warmfleet_daemon.support.background import BackgroundThread
 
 _CHECK_EVERY_S = 1.0
 

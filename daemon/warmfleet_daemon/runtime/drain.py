@@ -14,7 +14,7 @@ from types import FrameType
 
 import uvicorn
 
-from warmfleet_daemon.assembly import DaemonState
+from warmfleet_daemon.runtime.assembly import DaemonState
 
 log = logging.getLogger(__name__)
 

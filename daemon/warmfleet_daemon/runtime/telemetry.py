@@ -27,7 +27,7 @@ from warmfleet_common import __version__, otel
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.spill import PeerSpill
-from warmfleet_daemon.warming import WarmManager
+from warmfleet_daemon.warming.manager import WarmManager
 
 log = logging.getLogger(__name__)
 

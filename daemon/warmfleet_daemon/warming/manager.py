@@ -31,11 +31,11 @@ from warmfleet_common.contract import (
     WarmSetStatus,
 )
 from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
-from warmfleet_daemon.background import BackgroundThread
 from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
-from warmfleet_daemon.state_store import StateStore, StateTooLarge, invalid_key
+from warmfleet_daemon.support.background import BackgroundThread
+from warmfleet_daemon.warming.state_store import StateStore, StateTooLarge, invalid_key
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from warmfleet_common.wire import (
     SnapshotBlock,
     Tier,
 )
-from warmfleet_daemon.prefix_cache import BlockView
+from warmfleet_daemon.cache.prefix_cache import BlockView
 
 P = TypeVar("P")
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from warmfleet_common.contract import DNS_LABEL, DNS_SUBDOMAIN, WarmSetSpec
-from warmfleet_daemon.regular_files import read_regular
+from warmfleet_daemon.support.regular_files import read_regular
 
 log = logging.getLogger(__name__)
 

@@ -14,21 +14,26 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from warmfleet_common.cache_layout import TierCosts
 from warmfleet_common.prompts import PromptBuilder
-from warmfleet_daemon.cache_diagnostics import CacheDiagnostics
-from warmfleet_daemon.cache_events import CacheEventLog
+from warmfleet_common.tiers import TierCosts
+from warmfleet_daemon.cache.events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine, EngineConfig, on_a_thread_of_its_own
 from warmfleet_daemon.engine.kv import BlockPayload
 from warmfleet_daemon.kvtransfer.costs import measure_tier_costs
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
-from warmfleet_daemon.next_turn import NextTurns
-from warmfleet_daemon.pins import TimedPins
+from warmfleet_daemon.runtime.diagnostics import CacheDiagnostics
+from warmfleet_daemon.runtime.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.settings import DaemonSettings, MiB
-from warmfleet_daemon.state_store import StateStore
-from warmfleet_daemon.telemetry import Telemetry, TelemetryConfig, default_daemon_name
-from warmfleet_daemon.warming import Limits, WarmManager, WarmSetError, read_warm_prompts_file
+from warmfleet_daemon.warming.manager import (
+    Limits,
+    WarmManager,
+    WarmSetError,
+    read_warm_prompts_file,
+)
+from warmfleet_daemon.warming.next_turn import NextTurns
+from warmfleet_daemon.warming.pins import TimedPins
+from warmfleet_daemon.warming.state_store import StateStore
 
 log = logging.getLogger(__name__)
 
