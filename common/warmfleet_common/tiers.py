@@ -33,7 +33,8 @@ class TierTokens(Mapping[Tier, int]):
     __slots__ = ("_counts",)
 
     def __init__(self, counts: Mapping[Tier, int] | None = None, /, **by_name: int) -> None:
-        given = {**(counts or {}), **by_name}
+        given: dict[str, int] = {t: n for t, n in (counts or {}).items()}
+        given.update(by_name)
         unknown = set(given) - set(TIERS)
         if unknown:
             raise ValueError(f"unknown cache tier(s): {', '.join(sorted(unknown))}")

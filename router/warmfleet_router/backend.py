@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from warmfleet_common.cache_layout import TierCosts
+from warmfleet_common.tiers import TierCosts
 
 Health = Literal["unknown", "ready", "unready", "draining", "down"]
 

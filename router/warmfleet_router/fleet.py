@@ -11,18 +11,19 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.heap import freeze_heap
+from warmfleet_common.tiers import TierTokens
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
 from warmfleet_router.handoff import HotSession, HotSessions, hand_off
 from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
-from warmfleet_router.index import BlockIndex, Flight, TierHit
+from warmfleet_router.index import BlockIndex, Flight
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
@@ -87,7 +88,7 @@ class Plan:
     affinity: str | None
     started: float  # the request's arrival, before it was tokenized
     predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
-    tiers: dict[str, TierHit] = field(default_factory=dict)  # the same, by tier
+    tiers: dict[str, TierTokens] = field(default_factory=dict)  # the same, by tier
     # What each prediction rests on: "events" (the daemon's cache events), "contended"
     # (events, but a request in flight there shares blocks not stored yet), "history"
     # (the router's own routing, and warm sets), "resyncing" (nothing yet).
@@ -346,11 +347,6 @@ class Fleet:
         source = plan.sources.get(backend.name, _source(backend))
         if source == "events" and flight is not None and flight.contended:
             source = "contended"
-        hit = plan.tiers.get(backend.name)
-        served = None
-        if usage is not None and usage.disk_tokens is not None:
-            ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
-            served = {"ram": ram, "disk": usage.disk_tokens, "peer": usage.peer_tokens}
         self.metrics.request_finished(
             backend,
             reason,
@@ -360,8 +356,8 @@ class Fleet:
             prompt_tokens,
             cached,
             first_byte,
-            {"ram": hit.ram, "disk": hit.disk, "peer": hit.peer} if hit is not None else None,
-            served,
+            plan.tiers.get(backend.name),
+            usage.tiers if usage is not None else None,
         )
         self.decisions.append(
             {
@@ -373,7 +369,7 @@ class Fleet:
                 "outcome": outcome,
                 "session": self._session_hash(plan.affinity),
                 "predicted_cached_tokens": predicted,
-                "predicted_by_tier": asdict(plan.tiers[backend.name])
+                "predicted_by_tier": plan.tiers[backend.name].as_dict()
                 if predicted is not None and backend.name in plan.tiers
                 else None,
                 "prediction_source": source if predicted is not None else None,
@@ -558,13 +554,6 @@ def _source(backend: Backend) -> str:
     return {"following": "events", "history": "history"}.get(backend.index_mode, "resyncing")
 
 
-def _scored(backend: Backend, hit: TierHit) -> Candidate:
+def _scored(backend: Backend, hit: TierTokens) -> Candidate:
     """The backend as the policy sees it: its load and its predicted hit by tier."""
-    return Candidate(
-        backend.name,
-        backend.in_flight,
-        hit.total,
-        disk_tokens=hit.disk,
-        peer_tokens=hit.peer,
-        costs=backend.costs,
-    )
+    return Candidate(backend.name, backend.in_flight, hit, costs=backend.costs)

@@ -22,8 +22,9 @@ newest precise ones (a snapshot keeps its shallow blocks, the prefixes every lon
 request needs; a flood of `stored` events from one backend costs only that backend) or
 its least recently routed history ones. Each entry is costed at ENTRY_BYTES, measured
 with tracemalloc (a 16-byte key in a dict: ~100 bytes; in an OrderedDict: ~155). A
-precise entry's value packs its logits flag and its tiers into one int below 16:
-CPython's shared small ints, so the tiers add no bytes to an entry.
+precise entry's value packs its logits flag and one bit per tier into one small int
+(below 256 up to seven tiers): CPython's shared small ints, so the tiers add no bytes
+to an entry.
 """
 
 from __future__ import annotations
@@ -33,36 +34,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from warmfleet_common.chunking import BlockKey
-from warmfleet_common.wire import Tier
+from warmfleet_common.tiers import FASTEST, NO_TOKENS, TIERS, Tier, TierTokens
 from warmfleet_router.keys import RequestBlocks
 
 DEFAULT_HISTORY_BLOCKS = 200_000
 DEFAULT_BUDGET_BYTES = 64 << 20
 ENTRY_BYTES = 160
 
-# A precise entry's value: bit 0 the logits flag, then one bit per tier holding it.
+# A precise entry's value: bit 0 the logits flag, then one bit per tier holding it, in
+# TIERS order (so the lowest tier bit set is the fastest tier).
 _LOGITS = 1
-_TIER_BIT: dict[Tier, int] = {"ram": 2, "disk": 4, "peer": 8}
-_TIERS = 2 | 4 | 8
+_TIER_BIT: dict[Tier, int] = {t: 2 << i for i, t in enumerate(TIERS)}
+_ANY_TIER = sum(_TIER_BIT.values())
 
 # One snapshot entry: key, logits, and the tiers holding it (RAM when left out).
 SnapshotEntry = tuple[BlockKey, bool] | tuple[BlockKey, bool, Iterable[Tier]]
-
-
-@dataclass(frozen=True)
-class TierHit:
-    """A prediction's cached prompt tokens by the fastest tier holding each block."""
-
-    ram: int = 0
-    disk: int = 0
-    peer: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.ram + self.disk + self.peer
-
-
-NO_HIT = TierHit()
 
 
 @dataclass(eq=False)
@@ -95,25 +81,25 @@ class BlockIndex:
     def load_snapshot(self, backend: str, blocks: Iterable[SnapshotEntry]) -> None:
         entries: dict[BlockKey, int] = {}
         for key, logits, *tiers in blocks:
-            held = sum({_TIER_BIT[t] for t in tiers[0]}) if tiers else _TIER_BIT["ram"]
+            held = sum({_TIER_BIT[t] for t in tiers[0]}) if tiers else _TIER_BIT[FASTEST]
             entries[key] = held | (_LOGITS if logits else 0)
         self._precise[backend] = entries
         self._keep_budget()
 
-    def stored(self, backend: str, key: BlockKey, logits: bool, tier: Tier = "ram") -> None:
+    def stored(self, backend: str, key: BlockKey, logits: bool, tier: Tier = FASTEST) -> None:
         held = self._precise.setdefault(backend, {})
-        bits = (held.get(key, 0) & _TIERS) | _TIER_BIT[tier]
+        bits = (held.get(key, 0) & _ANY_TIER) | _TIER_BIT[tier]
         held[key] = bits | (_LOGITS if logits else 0)
         self._keep_budget()
 
-    def evicted(self, backend: str, key: BlockKey, tier: Tier = "ram") -> None:
+    def evicted(self, backend: str, key: BlockKey, tier: Tier = FASTEST) -> None:
         """`key` left `tier`; it stays known while another tier holds it."""
         held = self._precise.get(backend, {})
         bits = held.get(key)
         if bits is None:
             return
         bits &= ~_TIER_BIT[tier]
-        if bits & _TIERS:
+        if bits & _ANY_TIER:
             held[key] = bits
         else:
             del held[key]
@@ -222,10 +208,10 @@ class BlockIndex:
         """Prompt tokens this backend would serve from its cache."""
         return self.predict_tiers(backend, blocks).total
 
-    def predict_tiers(self, backend: str, blocks: RequestBlocks) -> TierHit:
+    def predict_tiers(self, backend: str, blocks: RequestBlocks) -> TierTokens:
         """Prompt tokens this backend would serve from its cache, by the fastest tier
-        holding each block (RAM before disk: the engine reads a block from disk only
-        when RAM lacks it)."""
+        holding each block (the engine takes a block from a slower tier only when every
+        faster one lacks it: RAM before disk before a peer)."""
         precise = self._precise.get(backend)
         held: dict[BlockKey, int] | OrderedDict[BlockKey, None]
         held = precise if precise is not None else self._history.get(backend, OrderedDict())
@@ -244,17 +230,17 @@ class BlockIndex:
             if (precise is not None and not precise.get(last, 0) & _LOGITS) or last not in held:
                 run -= 1
         if not run:
-            return NO_HIT
-        if precise is None:
-            return TierHit(ram=blocks.ends[run - 1])  # estimates say nothing of tiers
-        tokens = {"ram": 0, "disk": 0, "peer": 0}
+            return NO_TOKENS
+        if precise is None:  # estimates say nothing of tiers
+            return TierTokens({FASTEST: blocks.ends[run - 1]})
+        tokens = dict.fromkeys(TIERS, 0)
         start = 0
         for key, end in zip(blocks.keys[:run], blocks.ends[:run], strict=True):
             bits = precise[key]
             tier: Tier = next(t for t, bit in _TIER_BIT.items() if bits & bit)  # fastest
             tokens[tier] += end - start
             start = end
-        return TierHit(**tokens)
+        return TierTokens(tokens)
 
     def tiers(self, backend: str, key: BlockKey) -> frozenset[Tier]:
         """The tiers a backend's events say hold `key` (empty: none known)."""

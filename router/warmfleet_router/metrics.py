@@ -9,8 +9,9 @@ what the prediction rested on, `warmfleet.prediction.source`: `events` (a daemon
 cache events: the accuracy that matters), `contended` (events, but another request in
 flight on that daemon shares blocks it has not stored yet: which of the two reuses them
 is the daemon's scheduling), `history` (guesses for backends without events),
-`resyncing`); predicted and served cached tokens by cache tier (`warmfleet.cache.tier`:
-ram, disk, peer; served tiers as a warmfleet daemon's usage says them);
+`resyncing`); predicted and served cached tokens by cache tier (`warmfleet.cache.tier`,
+one of `warmfleet_common.tiers.TIERS`; served tiers as a warmfleet daemon's usage says
+them);
 in-flight requests, health and index size as gauges; failovers and index resyncs as
 counters; time to first byte as seen by the router. Exported names: dots become
 underscores, counters get `_total`.
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from warmfleet_common import otel
+from warmfleet_common.tiers import TIERS, TierTokens
 from warmfleet_router.backend import Backend
 
 TTFB_BUCKETS = otel.LATENCY_BUCKETS
@@ -66,7 +68,7 @@ class RouterMetrics(otel.Metrics):
         self._predicted_tiers = counter(
             "warmfleet.router.predicted_tier_hit_tokens", "{token}",
             "Cached tokens the router's index predicted, for requests with usage, by the "
-            "tier it expected each block in (warmfleet.cache.tier: ram, disk, peer)",
+            f"tier it expected each block in (warmfleet.cache.tier: {', '.join(TIERS)})",
         )  # fmt: skip
         self._served_tiers = counter(
             "warmfleet.router.tier_hit_tokens", "{token}",
@@ -175,8 +177,8 @@ class RouterMetrics(otel.Metrics):
         prompt_tokens: int | None,
         cached: int | None,
         first_byte: float | None,
-        predicted_tiers: Mapping[str, int] | None = None,
-        served_tiers: Mapping[str, int] | None = None,
+        predicted_tiers: TierTokens | None = None,
+        served_tiers: TierTokens | None = None,
     ) -> None:
         base = labels(backend)
         self._requests.add(

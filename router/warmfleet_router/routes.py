@@ -10,7 +10,7 @@ the daemons'. Plain Python, no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from warmfleet_common.agent_apis.anthropic import CountTokensRequest, MessagesRequest
 from warmfleet_common.agent_apis.responses import ResponsesRequest
 from warmfleet_common.contract import ChatMessage, ToolDefinition
+from warmfleet_common.tiers import TierTokens
 from warmfleet_router.keys import (
     EMPTY,
     ChatPrompt,
@@ -33,24 +34,16 @@ from warmfleet_router.keys import (
 class Usage:
     prompt_tokens: int
     cached_tokens: int
-    # Of cached_tokens, those read back from the disk tier (a warmfleet daemon's
+    # cached_tokens by the tier each came from (a warmfleet daemon's
     # `usage.cached_tokens_by_tier`); None: the backend did not say.
-    disk_tokens: int | None = None
-    peer_tokens: int = 0  # of cached_tokens, copied from a peer (a spill)
+    tiers: TierTokens | None = None
 
 
 def _with_tiers(usage: Usage, document: Mapping[str, Any]) -> Usage:
     """`usage` with its served tiers, when `document` (the usage object) says them and
     they add up to its cached tokens."""
-    tiers = document.get("cached_tokens_by_tier")
-    if not isinstance(tiers, dict):
-        return usage
-    ram, disk, peer = tiers.get("ram"), tiers.get("disk"), tiers.get("peer", 0)
-    if not (_count(ram) and _count(disk) and _count(peer)):
-        return usage
-    if ram + disk + peer != usage.cached_tokens:
-        return usage
-    return Usage(usage.prompt_tokens, usage.cached_tokens, disk, peer)
+    tiers = TierTokens.parse(document.get("cached_tokens_by_tier"), total=usage.cached_tokens)
+    return usage if tiers is None else replace(usage, tiers=tiers)
 
 
 ErrorShape = Literal["openai", "anthropic", "responses"]

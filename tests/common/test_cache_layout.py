@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from warmfleet_common.cache_layout import CacheLayout, TierCosts, fingerprint_of
+from warmfleet_common.cache_layout import CacheLayout, fingerprint_of
+from warmfleet_common.tiers import TierCosts
 
 FIELDS = {
     "model": "m",
@@ -17,8 +18,7 @@ FIELDS = {
 }
 COSTS = TierCosts(
     prefill_us_per_token=100.0,
-    ram_restore_us_per_token=1.0,
-    disk_read_us_per_token=5.0,
+    hit_us_per_token={"ram": 1.0, "disk": 5.0 + 1.0},
     kv_bytes_per_token=4096,
 )
 
@@ -35,15 +35,14 @@ def test_an_older_daemons_layout_has_no_costs() -> None:
     assert layout.costs is None
 
 
-def test_no_disk_tier_is_an_explicit_none_and_negative_costs_are_refused() -> None:
+def test_no_disk_tier_leaves_disk_unpriced_and_negative_costs_are_refused() -> None:
     costs = TierCosts.model_validate(
         {
             "prefill_us_per_token": 1.0,
-            "ram_restore_us_per_token": 0.1,
-            "disk_read_us_per_token": None,
+            "hit_us_per_token": {"ram": 0.1},
             "kv_bytes_per_token": 8,
         }
     )
-    assert costs.disk_read_us_per_token is None
+    assert "disk" not in costs.hit_us_per_token
     with pytest.raises(ValidationError):
         TierCosts.model_validate({**costs.model_dump(), "prefill_us_per_token": -1.0})

@@ -14,6 +14,7 @@ from warmfleet_common.agent_apis.anthropic import MessagesRequest
 from warmfleet_common.cache_layout import export_layout
 from warmfleet_common.chunking import plan_chunks, root_key
 from warmfleet_common.prompts import PromptBuilder
+from warmfleet_common.tiers import TierTokens
 from warmfleet_router.keys import LayoutKeyer
 from warmfleet_router.routes import (
     MESSAGES,
@@ -100,14 +101,16 @@ def test_responses_usage_from_the_body_and_the_completed_event() -> None:
 def test_usage_says_the_served_tiers_when_they_add_up() -> None:
     tiers = {"cached_tokens_by_tier": {"ram": 64, "disk": 32}}
     chat = {"prompt_tokens": 120, "prompt_tokens_details": {"cached_tokens": 96}}
-    assert openai_usage({"usage": {**chat, **tiers}}) == Usage(120, 96, 32)
+    read_back = Usage(120, 96, TierTokens(ram=64, disk=32))
+    assert openai_usage({"usage": {**chat, **tiers}}) == read_back
     assert openai_usage({"usage": chat}) == Usage(120, 96, None)  # another server
     messages = {"input_tokens": 24, "cache_read_input_tokens": 96, **tiers}
-    assert anthropic_usage({"type": "message", "usage": messages}) == Usage(120, 96, 32)
+    assert anthropic_usage({"type": "message", "usage": messages}) == read_back
     responses = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96}, **tiers}
-    assert responses_usage({"usage": responses}) == Usage(120, 96, 32)
+    assert responses_usage({"usage": responses}) == read_back
     spilled = {**chat, "cached_tokens_by_tier": {"ram": 32, "disk": 32, "peer": 32}}
-    assert openai_usage({"usage": spilled}) == Usage(120, 96, 32, 32)  # copied from a peer
+    copied = Usage(120, 96, TierTokens(ram=32, disk=32, peer=32))  # 32 copied from a peer
+    assert openai_usage({"usage": spilled}) == copied
     for bad in ({"ram": 64, "disk": 0}, {"ram": 64, "disk": -32}, {"ram": "64", "disk": 32}, []):
         wrong = {**chat, "cached_tokens_by_tier": bad}
         assert openai_usage({"usage": wrong}) == Usage(120, 96, None)  # ignored, not trusted

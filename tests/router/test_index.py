@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from warmfleet_common.chunking import plan_chunks, root_key
+from warmfleet_common.tiers import TierTokens
 from warmfleet_common.wire import CacheEventLine, parse_event_line
 from warmfleet_router.backend import Backend, BackendSpec
-from warmfleet_router.index import ENTRY_BYTES, BlockIndex, TierHit
+from warmfleet_router.index import ENTRY_BYTES, BlockIndex
 from warmfleet_router.keys import RequestBlocks
 from warmfleet_router.sync import BackendSync, ResyncNeeded, SyncOptions
 
@@ -295,11 +296,11 @@ def test_a_block_evicted_from_ram_that_the_disk_holds_becomes_a_disk_block() -> 
         sync.apply(tiered(seq, kind, key, tier))
     assert index.tiers("a", a) == {"disk"} and index.tiers("a", b) == {"ram", "disk"}
     assert index.tiers("a", c) == frozenset()
-    assert index.predict_tiers("a", REQUEST) == TierHit(ram=4, disk=4)  # a from disk, b RAM
+    assert index.predict_tiers("a", REQUEST) == TierTokens(ram=4, disk=4)  # a from disk, b RAM
     sync.apply(tiered(18, "evicted", a, "disk"))  # the disk's own LRU let it go too
-    assert index.predict_tiers("a", REQUEST) == TierHit()
+    assert index.predict_tiers("a", REQUEST) == TierTokens()
     sync.apply(tiered(19, "stored", a, "ram"))  # read back (or computed again)
-    assert index.predict_tiers("a", REQUEST) == TierHit(ram=8)
+    assert index.predict_tiers("a", REQUEST) == TierTokens(ram=8)
 
 
 def test_a_snapshot_says_which_ram_blocks_the_disk_holds_too() -> None:
@@ -339,7 +340,7 @@ def test_a_snapshot_says_which_ram_blocks_the_disk_holds_too() -> None:
     index = asyncio.run(scenario())
     assert index.tiers("a", a) == {"disk"} and index.tiers("a", c) == {"disk"}
     assert index.tiers("a", b) == frozenset()  # RAM-only: gone
-    assert index.predict_tiers("a", REQUEST) == TierHit(disk=4)
+    assert index.predict_tiers("a", REQUEST) == TierTokens(disk=4)
 
 
 def test_tokens_by_tier_follow_the_fastest_tier_of_each_block_in_the_run() -> None:
@@ -348,9 +349,9 @@ def test_tokens_by_tier_follow_the_fastest_tier_of_each_block_in_the_run() -> No
     index.load_snapshot("a", [(a, False, {"ram", "disk"}), (b, False, {"disk"}), (c, False)])
     index.stored("a", last, True, "disk")
     hit = index.predict_tiers("a", REQUEST)
-    assert hit == TierHit(ram=8, disk=6) and hit.total == index.predict("a", REQUEST) == 14
+    assert hit == TierTokens(ram=8, disk=6) and hit.total == index.predict("a", REQUEST) == 14
     index.routed("plain", REQUEST)  # history estimates say nothing of tiers: RAM
-    assert index.predict_tiers("plain", REQUEST) == TierHit(ram=14)
+    assert index.predict_tiers("plain", REQUEST) == TierTokens(ram=14)
 
 
 def test_entries_with_tiers_stay_within_their_budgeted_bytes() -> None:

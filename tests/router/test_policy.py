@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warmfleet_common.cache_layout import TierCosts
+from warmfleet_common.tiers import TierCosts, TierTokens
 from warmfleet_router.policy import (
     Candidate,
     bands,
@@ -17,7 +17,10 @@ from warmfleet_router.policy import (
 
 def fleet(*loads: int, cached: tuple[int, ...] = ()) -> list[Candidate]:
     cached = cached or (0,) * len(loads)
-    return [Candidate(f"d{i}", load, c) for i, (load, c) in enumerate(zip(loads, cached))]
+    return [
+        Candidate(f"d{i}", load, TierTokens(ram=c))
+        for i, (load, c) in enumerate(zip(loads, cached))
+    ]
 
 
 def test_capacity_is_ceil_of_one_plus_epsilon_times_the_mean_with_this_request() -> None:
@@ -114,15 +117,20 @@ def test_no_candidates_is_an_error() -> None:
 # Per token: a RAM hit saves 99 us, a disk hit 69 us (read 30 + restore 1).
 MAC = TierCosts(
     prefill_us_per_token=100.0,
-    ram_restore_us_per_token=1.0,
-    disk_read_us_per_token=30.0,
+    hit_us_per_token={"ram": 1.0, "disk": 30.0 + 1.0},
     kv_bytes_per_token=46080,
 )
 
 
+def disk_read(us: float) -> dict[str, object]:
+    """MAC's costs with a disk read of `us` per token (then a restore, as from RAM)."""
+    return {"hit_us_per_token": {"ram": 1.0, "disk": us + 1.0}}
+
+
 def tiered(name: str, load: int, ram: int = 0, disk: int = 0, **costs: object) -> Candidate:
     """A backend with MAC's costs (some replaced) and a predicted hit by tier."""
-    return Candidate(name, load, ram + disk, disk_tokens=disk, costs=MAC.model_copy(update=costs))
+    hit = TierTokens(ram=ram, disk=disk)
+    return Candidate(name, load, hit, costs=MAC.model_copy(update=costs))
 
 
 def test_a_ram_hit_beats_a_disk_hit_beats_a_miss() -> None:
@@ -142,7 +150,7 @@ def test_time_saved_not_tokens_decides() -> None:
     d = choose("prefix", [tiered("ram", 0, ram=400), tiered("both", 0, ram=400, disk=400)])
     assert (d.backend, d.predicted) == ("both", 800)
     # A slow disk (its read costs more than a prefill) loses to a miss.
-    slow = tiered("slow-disk", 0, disk=640, disk_read_us_per_token=150.0)
+    slow = tiered("slow-disk", 0, disk=640, **disk_read(150.0))
     d = choose("prefix", [slow, tiered("miss", 0)])
     assert (d.backend, d.reason) == ("miss", "fallback")
 
@@ -177,7 +185,7 @@ def test_savings_within_a_fifth_are_equal_and_load_decides_then_the_faster_tier(
     }  # fmt: skip
     assert picks == {"a", "b", "c"}  # equal work is spread, as with no costs at all
     # A disk read that costs little (a fast SSD): RAM and disk hits save about as much.
-    ssd = {"disk_read_us_per_token": 5.0}
+    ssd = disk_read(5.0)
     pair = [tiered("disk", 0, disk=640, **ssd), tiered("ram", 1, ram=640, **ssd)]
     assert choose("prefix", pair, epsilon=1.0).backend == "disk"  # less loaded
     pair = [tiered("disk", 1, disk=640, **ssd), tiered("ram", 1, ram=640, **ssd)]
@@ -190,18 +198,19 @@ def test_bands_open_at_the_best_value_left() -> None:
 
 
 def test_backends_without_costs_score_as_ram_hits_at_the_fleets_typical_saving() -> None:
-    old = Candidate("old", 0, 640)  # an older daemon: no costs, no tiers
+    old = Candidate("old", 0, TierTokens(ram=640))  # an older daemon: no costs, no tiers
     d = choose("prefix", [old, tiered("disk", 0, disk=640)])
     assert d.backend == "old"  # 640 x 99 us (the median RAM saving) beats 640 x 69 us
     d = choose("prefix", [old, tiered("ram", 0, ram=900)])
     assert d.backend == "ram"
     # None has costs: tokens, exactly, as before tiers.
-    d = choose("prefix", [Candidate("a", 0, 300), Candidate("b", 0, 301, disk_tokens=301)])
+    a, b = Candidate("a", 0, TierTokens(ram=300)), Candidate("b", 0, TierTokens(disk=301))
+    d = choose("prefix", [a, b])
     assert (d.backend, d.predicted) == ("b", 301)
 
 
 def test_a_disk_hit_on_a_backend_that_cannot_read_its_disk_saves_nothing() -> None:
     # Costs without a disk read (no disk tier at start) and disk tokens: priced at zero.
-    blind = tiered("blind", 0, disk=640, disk_read_us_per_token=None)
+    blind = tiered("blind", 0, disk=640, hit_us_per_token={"ram": 1.0})
     d = choose("prefix", [blind, tiered("small", 0, ram=32)])
     assert d.backend == "small"

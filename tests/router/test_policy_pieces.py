@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from warmfleet_common.tiers import TierTokens
 from warmfleet_router.errors import routing_error
 from warmfleet_router.policy import (
     AffinityHash,
@@ -96,7 +97,7 @@ def test_session_pin_narrows_to_the_sessions_backend_only_when_it_is_there() -> 
 
 
 def test_scorers() -> None:
-    fleet = [Candidate("a", 3, 100), Candidate("b", 1, 0)]
+    fleet = [Candidate("a", 3, TierTokens(ram=100)), Candidate("b", 1)]
     assert CachedTokens().scores(fleet, REQUEST) == [100, 0]
     assert LeastLoad().scores(fleet, REQUEST) == [-3, -1]
     key = RoutingRequest(tie_key=b"k", affinity="user-1")
@@ -112,7 +113,11 @@ def test_scorers() -> None:
 
 def test_later_scorers_break_the_ties_of_earlier_ones() -> None:
     policy = Policy("test", (CachedTokens(), LeastLoad()))
-    fleet = [Candidate("a", 2, 64), Candidate("b", 1, 64), Candidate("c", 0, 0)]
+    fleet = [
+        Candidate("a", 2, TierTokens(ram=64)),
+        Candidate("b", 1, TierTokens(ram=64)),
+        Candidate("c", 0),
+    ]
     assert names(policy.rank(fleet, REQUEST)) == ["b", "a", "c"]
     # Full ties keep the candidates' order: deterministic.
     assert names(Policy("test", (LeastLoad(),)).rank(fleet[::-1], REQUEST)) == ["c", "b", "a"]
@@ -132,7 +137,7 @@ def test_ring_picker_walks_the_ring_past_what_the_filters_refused() -> None:
 
 
 def test_the_first_scorer_names_the_decision() -> None:
-    fleet = [Candidate("a", 0, 64), Candidate("b", 0, 0)]
+    fleet = [Candidate("a", 0, TierTokens(ram=64)), Candidate("b", 0)]
     assert build("prefix").decide(fleet, REQUEST).reason == "prefix"
     cold = [Candidate("a", 0), Candidate("b", 0)]
     assert build("prefix").decide(cold, REQUEST).reason == "fallback"

@@ -464,7 +464,7 @@ def test_a_session_pushed_to_the_disk_tier_is_predicted_and_served_from_disk(
     try:
         client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
         costs = status(router)["backends"][0]["tier_costs"]
-        assert costs["disk_read_us_per_token"] > 0 and costs["prefill_us_per_token"] > 0
+        assert costs["hit_us_per_token"]["disk"] > 0 and costs["prefill_us_per_token"] > 0
 
         def session(topic: str) -> list[dict[str, str]]:
             words = " ".join(f"{topic}{i}" for i in range(300))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from warmfleet_common.cache_layout import TierCosts
+from warmfleet_common.tiers import NO_TOKENS, TierCosts, TierTokens
 
 Reason = Literal[
     "prefix", "session", "load-spill", "failover", "fallback", "round-robin", "least-load"
@@ -21,17 +21,16 @@ class Candidate:
 
     name: str
     in_flight: int
-    cached_tokens: int = 0  # predicted, in every tier
+    # Prompt tokens predicted in its cache, by the fastest tier holding each block.
+    cached: TierTokens = NO_TOKENS
     ready: bool = True  # takes new requests (health checks, passive failures)
     models: frozenset[str] | None = None  # names it answers to; None: it has not said
-    # Of cached_tokens, those predicted on its disk tier and from a peer (the rest: RAM).
-    disk_tokens: int = 0
-    peer_tokens: int = 0
     costs: TierCosts | None = None  # what a token costs it per tier; None: not said
 
     @property
-    def ram_tokens(self) -> int:
-        return self.cached_tokens - self.disk_tokens - self.peer_tokens
+    def cached_tokens(self) -> int:
+        """Predicted in every tier."""
+        return self.cached.total
 
     def serves(self, model: str) -> bool | None:
         return None if self.models is None else model in self.models

@@ -12,13 +12,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Protocol
 
-from warmfleet_common.cache_layout import TierCosts
+from warmfleet_common.tiers import FASTEST, TIERS
 from warmfleet_router.policy.model import Candidate, Reason, RoutingRequest
 
 
 class Scorer(Protocol):
     reason: Reason
-    needs_cache: bool  # reads Candidate.cached_tokens (the request must be keyed)
+    needs_cache: bool  # reads Candidate.cached (the request must be keyed)
 
     def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]: ...
 
@@ -46,15 +46,16 @@ class CachedTokens:
 
 class TimeSaved:
     """The prefill time the backend's cache would save the request, in tokens of its own
-    prefill, from the costs it measured at start: RAM tokens x (1 - restore / prefill) +
-    disk tokens x (1 - (disk read + restore) / prefill: a block read from disk is then
-    restored like a RAM one), so a RAM hit beats a disk hit beats a miss. Relative to the
-    backend's own prefill, so a machine that measured a slower prefill (noise, or a
-    busy moment at start) is not preferred for it: in a clean CI run absolute savings
-    sent every warm request to the one of three equal daemons that measured slowest.
-    Disk tokens without a disk read cost and peer tokens (not priced yet) save nothing.
-    A backend that published no costs is priced as its cached tokens in RAM at the
-    median RAM saving of those that did.
+    prefill, from the costs it measured at start: the sum over tiers of the tokens
+    predicted there x (1 - the cost of a hit there / prefill). A RAM hit costs a
+    restore, a disk hit a read then a restore, so a RAM hit beats a disk hit beats a
+    miss. Relative to the backend's own prefill, so a machine that measured a slower
+    prefill (noise, or a busy moment at start) is not preferred for it: in a clean CI
+    run absolute savings sent every warm request to the one of three equal daemons that
+    measured slowest. Tokens in a tier the backend did not price (a disk hit without a
+    disk read cost; a peer copy, whose cost is the link's) save nothing. A backend that
+    published no costs is priced as its cached tokens at the median saving of a hit in
+    the fastest tier among those that did.
 
     Savings within `tolerance` of a better one count as equal (bands from the best
     down), so load decides between them: measured costs carry a few percent of noise,
@@ -69,7 +70,7 @@ class TimeSaved:
         self.tolerance = tolerance
 
     def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
-        known = [_ram_saving_share(c.costs) for c in candidates if c.costs is not None]
+        known = [c.costs.saving_share(FASTEST) for c in candidates if c.costs is not None]
         if not known:
             return [c.cached_tokens for c in candidates]
         typical = statistics.median(known)
@@ -93,39 +94,28 @@ def bands(values: Sequence[float], tolerance: float) -> list[int]:
 
 
 class FasterTier:
-    """More of the hit in RAM is better: between backends whose savings count as equal
-    (and equally loaded), the one that restores rather than reads from disk."""
+    """More of the hit in the fastest tier (RAM) is better: between backends whose
+    savings count as equal (and equally loaded), the one that restores rather than reads
+    from disk or copies from a peer."""
 
     reason: Reason = "prefix"
     needs_cache = True
 
     def scores(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[int]:
-        return [c.ram_tokens for c in candidates]
+        return [c.cached[FASTEST] for c in candidates]
 
     def informs(self, pick: Candidate, request: RoutingRequest) -> bool:
         return pick.cached_tokens > 0
 
 
-def prefill_saved(candidate: Candidate, typical_ram_saving: float) -> float:
+def prefill_saved(candidate: Candidate, typical_saving: float) -> float:
     """The prefill the candidate's predicted hit saves, in tokens of its own prefill
-    (see TimeSaved)."""
+    (see TimeSaved); `typical_saving`: the share a fastest-tier hit saves where the
+    candidate published no costs."""
     costs = candidate.costs
     if costs is None:
-        return candidate.cached_tokens * typical_ram_saving
-    saved = candidate.ram_tokens * _ram_saving_share(costs)
-    if costs.disk_read_us_per_token is not None:
-        disk_cost = costs.disk_read_us_per_token + costs.ram_restore_us_per_token
-        saved += candidate.disk_tokens * (1.0 - disk_cost / _prefill_us(costs))
-    return saved
-
-
-def _prefill_us(costs: TierCosts) -> float:
-    return max(costs.prefill_us_per_token, 1e-9)  # measured, but never divide by zero
-
-
-def _ram_saving_share(costs: TierCosts) -> float:
-    """The share of a token's prefill a RAM hit saves."""
-    return 1.0 - costs.ram_restore_us_per_token / _prefill_us(costs)
+        return candidate.cached_tokens * typical_saving
+    return sum(candidate.cached[t] * costs.saving_share(t) for t in TIERS)
 
 
 class LeastLoad:
