@@ -29,10 +29,12 @@ from warmfleet_common.errors import AnthropicErrorResponse, ErrorResponse
 from warmfleet_common.heap import freeze_heap
 from warmfleet_router.discovery import Source
 from warmfleet_router.errors import error_body, error_response
-from warmfleet_router.fleet import Fleet, RouterOptions
+from warmfleet_router.fleet import Fleet
 from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.options import RouterOptions
 from warmfleet_router.proxy import forward
 from warmfleet_router.routes import BODIES, ROUTES, ErrorShape, ProxiedRoute
+from warmfleet_router.status import status_detail, status_summary
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +124,14 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
             fleet = Fleet(options, client, metrics)
             holder["fleet"] = fleet
             await fleet.pool.start()
-            follower = asyncio.create_task(fleet.follow(source), name="discovery")
+            follower = asyncio.create_task(fleet.members.follow(source), name="discovery")
             try:
                 # Start with the backends known (an API server down at start: none yet).
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(fleet.discovered.wait()), DISCOVERY_WAIT)
-                await fleet.first_checks()
+                    await asyncio.wait_for(
+                        asyncio.shield(fleet.members.discovered.wait()), DISCOVERY_WAIT
+                    )
+                await fleet.members.first_checks()
                 if options.freeze_gc_heap:
                     freeze_heap()
                 yield
@@ -229,7 +233,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                 return []
             return [m for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
-        for found in await asyncio.gather(*(one(b.url) for b in current.usable())):
+        for found in await asyncio.gather(*(one(b.url) for b in current.members.usable())):
             for m in found:
                 seen.setdefault(m["id"], m)
         return JSONResponse({"object": "list", "data": list(seen.values())})
@@ -240,10 +244,11 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
 
     @app.get("/readyz", responses={503: {"description": "No backend is ready"}})
     async def readyz() -> JSONResponse:
-        ready = [b.name for b in fleet().usable()]
+        ready = [b.name for b in fleet().members.usable()]
         if not ready:
             return JSONResponse(
-                {"status": "no ready backend", "backends": len(fleet().backends)}, status_code=503
+                {"status": "no ready backend", "backends": len(fleet().members.backends)},
+                status_code=503,
             )
         return JSONResponse({"status": "ready", "ready_backends": ready})
 
@@ -263,7 +268,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         token = options.admin_token
         header = request.headers.get("authorization")
         if token and header is None:
-            return JSONResponse(fleet().summary())
+            return JSONResponse(status_summary(fleet()))
         if token:
             scheme, _, given = (header or "").partition(" ")
             if scheme.lower() != "bearer" or not given:
@@ -275,7 +280,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                 return error_response(
                     403, "the admin token is not valid", "invalid_token", "permission_error"
                 )
-        return JSONResponse(fleet().status())
+        return JSONResponse(status_detail(fleet()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     from warmfleet_router.app import create_app
     from warmfleet_router.discovery import ClusterSource, FolderSource, Source, StaticSource
-    from warmfleet_router.fleet import ProxyOptions, RouterOptions
+    from warmfleet_router.options import ProxyOptions, RouterOptions
     from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys
     from warmfleet_router.sync import SyncOptions
 

@@ -25,7 +25,8 @@ from warmfleet_common import bounded, spill
 from warmfleet_common.grants import GRANT_HEADER, issue_grant
 from warmfleet_router.backend import Backend
 from warmfleet_router.errors import error_response, invalid_request, routing_error, stream_error
-from warmfleet_router.fleet import Fleet, Plan
+from warmfleet_router.fleet import Fleet
+from warmfleet_router.planning import Plan
 from warmfleet_router.policy import Reason, RoutingError
 from warmfleet_router.prepare import RequestInvalid
 from warmfleet_router.routes import ProxiedRoute, Usage
@@ -68,7 +69,7 @@ async def forward(
     fleet: Fleet, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]
 ) -> Response:
     try:
-        plan = await fleet.plan(route, raw, headers)
+        plan = await fleet.planner.plan(route, raw, headers)
     except RoutingError as exc:
         return routing_error(exc, route.errors)
     except RequestInvalid as exc:
@@ -83,10 +84,10 @@ async def forward(
     attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
     errors: list[str] = []
     for name, reason in attempts:
-        backend = fleet.backends.get(name)
+        backend = fleet.members.backends.get(name)
         if backend is None or (reason == "failover" and not backend.usable):
             continue
-        failed = fleet.backends.get(attempts[0][0])
+        failed = fleet.members.backends.get(attempts[0][0])
         if reason == "failover" and failed is not None:
             fleet.metrics.failover(failed)
         sent = {**upstream_headers, **_spill_headers(fleet, plan, backend)}
@@ -107,7 +108,7 @@ def _spill_headers(fleet: Fleet, plan: Plan, backend: Backend) -> dict[str, str]
     router, not a client, named it); with a grant to read the peer's blocks when the
     router holds the peer's token (nodes with their own tokens), covered by the
     signature."""
-    peer = fleet.spill_peer(plan, backend)
+    peer = fleet.planner.spill_peer(plan, backend)
     token = backend.spec.token
     if peer is None or not token:
         return {}
@@ -132,14 +133,14 @@ async def _attempt(
     raw: bytes,
     headers: Mapping[str, str],
 ) -> Response:
-    fleet.started(plan, backend, reason)
+    fleet.planner.started(plan, backend, reason)
     done = False
 
     def finish(outcome: str, usage: Usage | None, first_byte: float | None) -> None:
         nonlocal done
         if not done:
             done = True
-            fleet.finished(
+            fleet.planner.finished(
                 plan, backend, reason, outcome=outcome, usage=usage, first_byte=first_byte
             )
 
@@ -189,7 +190,7 @@ async def _exchange(
     try:
         upstream = await within(fleet.client.send(request, stream=True))
     except httpx.HTTPError as exc:
-        fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
+        fleet.members.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
     try:
@@ -217,7 +218,7 @@ async def _relay(
         except (httpx.HTTPError, bounded.TooLarge):
             text = b"(an unreadable or oversized error body)"
         await upstream.aclose()
-        fleet.passive_failure(backend, f"HTTP {upstream.status_code}")
+        fleet.members.passive_failure(backend, f"HTTP {upstream.status_code}")
         finish("failed", None, None)
         raise UpstreamFailed(f"HTTP {upstream.status_code}: {text[:300].decode(errors='replace')}")
     out_headers = {k: upstream.headers[k] for k in _PASSED_BACK if k in upstream.headers}
@@ -229,18 +230,18 @@ async def _relay(
         first = await within(_first_progress(chunks, route) if streaming else anext(chunks, b""))
     except httpx.HTTPError as exc:
         await upstream.aclose()
-        fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
+        fleet.members.passive_failure(backend, f"{type(exc).__name__}: {exc}")
         finish("failed", None, None)
         raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
     first_byte = time.monotonic() - plan.started
-    fleet.prefilled(plan, backend)
+    fleet.planner.prefilled(plan, backend)
 
     if not streaming:
         try:
             content, whole = await within(_head(first, chunks, options.buffer_bytes))
         except httpx.HTTPError as exc:
             await upstream.aclose()
-            fleet.passive_failure(backend, f"{type(exc).__name__}: {exc}")
+            fleet.members.passive_failure(backend, f"{type(exc).__name__}: {exc}")
             finish("failed", None, first_byte)
             raise UpstreamFailed(f"{type(exc).__name__}: {exc}") from exc
         if whole:  # the usual case: the whole body in hand, its usage read
@@ -276,7 +277,9 @@ async def _relay(
                 if timed_out:
                     message = f"the backend {backend.name} exceeded the request timeout"
                 else:
-                    fleet.passive_failure(backend, f"stream cut: {type(exc).__name__}: {exc}")
+                    fleet.members.passive_failure(
+                        backend, f"stream cut: {type(exc).__name__}: {exc}"
+                    )
                     message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
                 code = "backend_timeout" if timed_out else "backend_stream_cut"
                 yield stream_error(message, code, route.errors)
@@ -336,7 +339,7 @@ async def _pass_on(
         raise
     except httpx.HTTPError as exc:
         outcome = "cut"
-        fleet.passive_failure(backend, f"body cut: {type(exc).__name__}: {exc}")
+        fleet.members.passive_failure(backend, f"body cut: {type(exc).__name__}: {exc}")
         raise
     finally:
         await upstream.aclose()

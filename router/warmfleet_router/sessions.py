@@ -7,13 +7,15 @@ has one: a header (`header:x-session-affinity`) or a field of the JSON body
 not code more; a body field that is a JSON object with a `session_id` gives that id.
 The session table maps keys to backends, least recently used forgotten first, within a
 byte budget as well as a count. A key longer than MAX_KEY_CHARS is kept
-as its hash (a 60 KB header costs what a 32-byte one does). Plain Python, no I/O.
+as its hash (a 60 KB header costs what a 32-byte one does). The status names sessions
+by a keyed digest (`SessionDigest`), never by their keys. Plain Python, no I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -155,3 +157,18 @@ class SessionTable:
 
 def _cost(key: str) -> int:
     return ENTRY_OVERHEAD + len(key.encode("utf-8", "surrogatepass"))
+
+
+class SessionDigest:
+    """A session key as the status shows it: keyed per process, so it tells two
+    decisions' (or handoffs') sessions apart without saying (or confirming a guess of)
+    the key."""
+
+    def __init__(self) -> None:
+        self._secret = os.urandom(16)
+
+    def __call__(self, key: str | None) -> str | None:
+        if key is None:
+            return None
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), key=self._secret)
+        return digest.hexdigest()[:16]

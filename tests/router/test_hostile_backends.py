@@ -20,12 +20,14 @@ import pytest_asyncio
 from support.layouts import tiny_layout
 from warmfleet_common import bounded
 from warmfleet_router.backend import Backend, BackendSpec
-from warmfleet_router.fleet import Fleet, ProxyOptions, RouterOptions
+from warmfleet_router.fleet import Fleet
 from warmfleet_router.index import ENTRY_BYTES, BlockIndex
 from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.options import ProxyOptions, RouterOptions
 from warmfleet_router.proxy import forward
 from warmfleet_router.routes import CHAT, COMPLETION
 from warmfleet_router.sessions import MAX_KEY_CHARS, SessionTable, capped
+from warmfleet_router.status import status_detail
 from warmfleet_router.sync import ReadLimits, SyncOptions
 
 pytestmark = pytest.mark.asyncio
@@ -122,9 +124,9 @@ async def fleet(fake: Fake) -> AsyncIterator[Fleet]:
 
 
 async def start(fleet: Fleet) -> Backend:
-    await fleet.apply([BackendSpec("d", "http://d")])
-    await fleet.first_checks()
-    return fleet.backends["d"]
+    await fleet.members.apply([BackendSpec("d", "http://d")])
+    await fleet.members.first_checks()
+    return fleet.members.backends["d"]
 
 
 async def until(check: Callable[[], bool], seconds: float = 5.0) -> None:
@@ -164,8 +166,8 @@ async def test_a_status_whose_aliases_are_no_list_leaves_the_backend_routable(
     await until(lambda: read_errors(fleet, "status") >= 3)  # read again, counted each time
     assert "ValidationError" in backend.problems["status"]
     assert len(warnings_about(caplog, "status")) == 1  # logged once
-    assert fleet.status()["backends"][0]["problems"]["status"].startswith("ValidationError")
-    plan = await fleet.plan(CHAT, json.dumps({"model": "m", "messages": []}).encode(), {})
+    assert status_detail(fleet)["backends"][0]["problems"]["status"].startswith("ValidationError")
+    plan = await fleet.planner.plan(CHAT, json.dumps({"model": "m", "messages": []}).encode(), {})
     assert plan.decision.backend == "d"
     fake.routes["/v1/status"] = lambda r: httpx.Response(200, json={"model": {"aliases": ["a"]}})
     await until(lambda: "status" not in backend.problems)
@@ -305,7 +307,7 @@ async def test_an_endless_response_body_is_passed_on_and_cut_at_the_limit(
         async for chunk in response.body_iterator:  # type: ignore[attr-defined]
             received += len(chunk)
     assert received <= PROXY.max_response_bytes  # never held whole: passed on as it came
-    assert backend.in_flight == 0 and fleet.decisions[-1]["outcome"] == "too_large"
+    assert backend.in_flight == 0 and fleet.planner.decisions[-1]["outcome"] == "too_large"
     assert read_errors(fleet, "response") == 1
 
 
@@ -329,7 +331,7 @@ async def test_a_trickling_backend_ends_at_the_request_timeout(
     response = await forward(fleet, CHAT, chat(), {})
     assert response.status_code == 504
     assert json.loads(bytes(response.body))["error"]["code"] == "backend_timeout"
-    assert backend.in_flight == 0 and fleet.decisions[-1]["outcome"] == "timeout"
+    assert backend.in_flight == 0 and fleet.planner.decisions[-1]["outcome"] == "timeout"
 
 
 async def test_a_stream_past_the_request_timeout_ends_with_an_error_event(
@@ -409,7 +411,7 @@ async def test_a_prompt_over_every_context_is_refused_before_it_is_tokenized(
         return real(self, text, **kwargs)
 
     monkeypatch.setattr(PromptBuilder, "_encode", counted)
-    small = await fleet.plan(CHAT, chat(), {})
+    small = await fleet.planner.plan(CHAT, chat(), {})
     assert small.blocks["d"].keys and encoded  # keyed as usual
     encoded.clear()
     big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a" * 50_000}]})

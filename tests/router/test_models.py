@@ -15,11 +15,13 @@ import pytest
 import pytest_asyncio
 
 from warmfleet_router.backend import BackendSpec
-from warmfleet_router.fleet import Fleet, RouterOptions
+from warmfleet_router.fleet import Fleet
 from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.options import RouterOptions
 from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
 from warmfleet_router.proxy import forward
 from warmfleet_router.routes import CHAT
+from warmfleet_router.status import status_detail
 from warmfleet_router.sync import SyncOptions
 
 pytestmark = pytest.mark.asyncio
@@ -92,8 +94,8 @@ async def fleet(backends: Backends) -> AsyncIterator[Fleet]:
 
 
 async def start(fleet: Fleet, *hosts: str) -> None:
-    await fleet.apply([BackendSpec(h, f"http://{h}") for h in hosts])
-    await fleet.first_checks()
+    await fleet.members.apply([BackendSpec(h, f"http://{h}") for h in hosts])
+    await fleet.members.first_checks()
 
 
 def chat(model: str) -> dict[str, Any]:
@@ -105,13 +107,13 @@ def encoded(body: dict[str, Any]) -> bytes:
 
 
 async def choice(fleet: Fleet, model: str) -> tuple[str, tuple[str, ...]]:
-    plan = await fleet.plan(CHAT, encoded(chat(model)), {})
+    plan = await fleet.planner.plan(CHAT, encoded(chat(model)), {})
     return plan.decision.backend, plan.decision.fallbacks
 
 
 async def test_each_request_goes_to_a_backend_serving_its_model(fleet: Fleet) -> None:
     await start(fleet, "llama", "qwen")
-    status = {b["name"]: b["models"] for b in fleet.status()["backends"]}
+    status = {b["name"]: b["models"] for b in status_detail(fleet)["backends"]}
     assert status == {
         "llama": ["/models/llama.gguf", "default", "llama-3"],
         "qwen": ["qwen-2"],
@@ -127,7 +129,7 @@ async def test_a_model_nobody_serves_is_a_404_like_the_daemons(
 ) -> None:
     await start(fleet, "llama", "qwen")
     with pytest.raises(ModelNotFound):
-        await fleet.plan(CHAT, encoded(chat("gpt-9")), {})
+        await fleet.planner.plan(CHAT, encoded(chat("gpt-9")), {})
 
     raw = json.dumps(chat("gpt-9")).encode()
     response = await forward(fleet, CHAT, raw, {})
@@ -152,9 +154,9 @@ async def test_a_served_model_whose_backends_are_down_is_a_503(
 ) -> None:
     await start(fleet, "llama", "qwen")
     backends.ready["qwen"] = False
-    await fleet._syncs["qwen"].check_health()
+    await fleet.members.syncs["qwen"].check_health()
     with pytest.raises(NoBackendReady):
-        await fleet.plan(CHAT, encoded(chat("qwen-2")), {})
+        await fleet.planner.plan(CHAT, encoded(chat("qwen-2")), {})
     assert await choice(fleet, "llama-3") == ("llama", ())
 
 
@@ -172,13 +174,13 @@ async def test_a_backend_back_with_another_model_is_read_again(
 ) -> None:
     await start(fleet, "llama", "qwen")
     backends.ready["qwen"] = False
-    await fleet._syncs["qwen"].check_health()
+    await fleet.members.syncs["qwen"].check_health()
     backends.ready["qwen"] = True
     backends.models["qwen"] = ["qwen-3"]
-    await fleet._syncs["qwen"].check_health()
+    await fleet.members.syncs["qwen"].check_health()
     assert await choice(fleet, "qwen-3") == ("qwen", ())
     with pytest.raises(RoutingError):
-        await fleet.plan(CHAT, encoded(chat("qwen-2")), {})
+        await fleet.planner.plan(CHAT, encoded(chat("qwen-2")), {})
 
 
 async def test_predictions_for_backends_without_events_are_labelled_history(
@@ -190,7 +192,7 @@ async def test_predictions_for_backends_without_events_are_labelled_history(
     raw = json.dumps(chat("llama-3")).encode()
     response = await forward(fleet, CHAT, raw, {})
     assert response.status_code == 200
-    assert fleet.decisions[-1]["prediction_source"] == "history"
+    assert fleet.planner.decisions[-1]["prediction_source"] == "history"
     samples = [
         line
         for line in fleet.metrics.prometheus_text().decode().splitlines()
@@ -209,14 +211,14 @@ async def test_a_client_gone_before_the_response_leaves_nothing_in_flight(
     task = asyncio.create_task(forward(fleet, CHAT, raw, {}))
     for _ in range(100):
         await asyncio.sleep(0.01)
-        if fleet.backends["stuck"].in_flight:
+        if fleet.members.backends["stuck"].in_flight:
             break
-    assert fleet.backends["stuck"].in_flight == 1
+    assert fleet.members.backends["stuck"].in_flight == 1
     task.cancel()  # as Starlette does when the client disconnects
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert fleet.backends["stuck"].in_flight == 0
-    assert fleet.decisions[-1]["outcome"] == "cancelled"
+    assert fleet.members.backends["stuck"].in_flight == 0
+    assert fleet.planner.decisions[-1]["outcome"] == "cancelled"
     # Nothing is left in prefill there: the same request again does not contend with it.
-    plan = await fleet.plan(CHAT, encoded(chat("llama-3")), {})
+    plan = await fleet.planner.plan(CHAT, encoded(chat("llama-3")), {})
     assert not fleet.index.take_off("stuck", plan.blocks["stuck"]).contended

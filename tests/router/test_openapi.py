@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
 from support.processes import Daemon
 from warmfleet_router.app import create_app
 from warmfleet_router.backend import BackendSpec
-from warmfleet_router.fleet import RouterOptions
+from warmfleet_router.options import RouterOptions
 
 MAX_TOKENS = 4
 _backend: list[str] = []  # the daemon's URL, known once its fixture has run

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from support.processes import serving
 from warmfleet_router.app import create_app
 from warmfleet_router.discovery import StaticSource
-from warmfleet_router.fleet import RouterOptions
+from warmfleet_router.options import RouterOptions
 
 TOKEN = "router-app-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -29,7 +29,7 @@ from warmfleet_common.grants import GRANT_HEADER, MAX_GRANT_S, issue_grant
 from warmfleet_common.spill import PEER_HEADER, PEER_SIGNATURE_HEADER, peer_signature
 from warmfleet_router.app import create_app
 from warmfleet_router.backend import BackendSpec
-from warmfleet_router.fleet import RouterOptions
+from warmfleet_router.options import RouterOptions
 from warmfleet_router.sync import SyncOptions
 
 TOKEN = "spill-test-token"

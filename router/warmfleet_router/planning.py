@@ -1,0 +1,247 @@
+"""Request planning: where a request meets the policy. `Planner.plan` prepares the
+request (parsed, checked and keyed in a key worker), predicts each backend's cached
+tokens by tier from the index, and asks the policy; the proxy then reports each attempt
+back (`started`, `prefilled`, `finished`), which keeps the in-flight counts, the index's
+requests in prefill and its history, the session table, the hot sessions a drain hands
+off, the metrics and the recent decisions the status shows."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmfleet_common.tiers import TierTokens
+from warmfleet_router.backend import Backend
+from warmfleet_router.handoff import HotSessions
+from warmfleet_router.index import BlockIndex, Flight
+from warmfleet_router.keys import EMPTY, MESSAGE_KEYS, RequestBlocks
+from warmfleet_router.membership import Membership
+from warmfleet_router.metrics import RouterMetrics
+from warmfleet_router.options import RouterOptions
+from warmfleet_router.policy import Candidate, Decision, Reason, RoutingRequest, admit, build
+from warmfleet_router.prepare import Invalid, Job, RequestInvalid
+from warmfleet_router.routes import ProxiedRoute, Usage
+from warmfleet_router.sessions import SessionDigest, SessionKeys, SessionTable
+
+RECENT_DECISIONS = 100
+
+
+@dataclass
+class Plan:
+    decision: Decision
+    blocks: dict[str, RequestBlocks]  # per backend name
+    affinity: str | None
+    started: float  # the request's arrival, before it was tokenized
+    predicted: dict[str, int] = field(default_factory=dict)  # at decision time, per backend
+    tiers: dict[str, TierTokens] = field(default_factory=dict)  # the same, by tier
+    # What each prediction rests on: "events" (the daemon's cache events), "contended"
+    # (events, but a request in flight there shares blocks not stored yet), "history"
+    # (the router's own routing, and warm sets), "resyncing" (nothing yet).
+    sources: dict[str, str] = field(default_factory=dict)
+    flights: dict[str, Flight] = field(default_factory=dict)  # per backend tried
+    # Cached tokens predicted on every backend a spill may copy from (ready or draining,
+    # in the same key space): where the request's blocks are, whoever serves it.
+    holders: dict[str, int] = field(default_factory=dict)
+    peers: dict[str, str] = field(default_factory=dict)  # per backend tried: its spill peer
+
+
+class Planner:
+    def __init__(
+        self,
+        options: RouterOptions,
+        members: Membership,
+        metrics: RouterMetrics,
+        hot: HotSessions,
+        session_digest: SessionDigest,
+    ) -> None:
+        self.members = members
+        self.index: BlockIndex = members.index
+        self.metrics = metrics
+        self.hot = hot
+        self.policy = build(options.policy, options.epsilon)
+        self.session_keys = SessionKeys(options.session_keys)
+        self.sessions = SessionTable(budget_bytes=options.sessions_budget_bytes)
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self._session_digest = session_digest
+        self._turn = 0
+
+    def next_turn(self) -> int:
+        """Counts the policy's decisions (round-robin takes turns by it)."""
+        self._turn += 1
+        return self._turn
+
+    async def plan(self, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]) -> Plan:
+        """The decision for one request: a RoutingError when no ready backend serves it,
+        RequestInvalid when the daemons would refuse it (and the router cannot key it)."""
+        arrived = time.monotonic()
+        members = self.members
+        ready = members.usable()
+        keyed = self.policy.needs_cache
+        fingerprints = sorted({members.fingerprint_of(b) for b in ready}) if keyed else []
+        contexts = [b.context_length for b in ready if b.context_length]
+        job = Job(
+            route.name,
+            raw,
+            tuple(fingerprints),
+            self.session_keys.body_paths,
+            max(contexts) if ready and len(contexts) == len(ready) else None,
+        )
+        prepared = await members.pool.prepare(job)
+        if isinstance(prepared, Invalid):
+            raise RequestInvalid(prepared)
+        cpu_started = time.thread_time()
+        self.metrics.request_cpu(route.name, "prepare", prepared.cpu_seconds)
+        affinity = self.session_keys.of(headers, prepared.session_values)
+        fleet = [candidate(b) for b in members.backends.values()]
+        admitted = {c.name for c in admit(fleet, RoutingRequest(prepared.model, fleet=fleet))}
+        if prepared.invalid is not None:  # the daemons check the model first, and so do we
+            raise RequestInvalid(prepared.invalid)
+        backends = [b for b in members.backends.values() if b.name in admitted]
+        blocks = {
+            b.name: prepared.blocks.get(members.fingerprint_of(b), EMPTY) if keyed else EMPTY
+            for b in backends
+        }
+        hits = {b.name: self.index.predict_tiers(b.name, blocks[b.name]) for b in backends}
+        candidates = [scored(b, hits[b.name]) for b in backends]
+        tie = next((r.last_key for r in blocks.values() if r.last_key), None)
+        turn = self.next_turn()
+        request = RoutingRequest(
+            model=prepared.model,
+            tie_key=(affinity.encode() if affinity else tie) or str(turn).encode(),
+            affinity=affinity,
+            session_backend=self.sessions.get(affinity) if affinity else None,
+            turn=turn,
+        )
+        decision = self.policy.decide(candidates, request)
+        predicted = {c.name: c.cached_tokens for c in candidates}
+        sources = {b.name: source(b) for b in backends}
+        holders = self._holders(prepared.blocks) if keyed else {}
+        self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
+        return Plan(decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders)
+
+    def _holders(self, keyed: Mapping[str, RequestBlocks]) -> dict[str, int]:
+        """Cached tokens predicted on each backend a peer copy may come from: ready or
+        draining (a draining daemon still serves its blocks), with a layout of its own."""
+        out: dict[str, int] = {}
+        for b in self.members.backends.values():
+            if b.health not in ("ready", "draining") or b.fingerprint is None:
+                continue
+            fingerprint = self.members.fingerprint_of(b)
+            request = keyed.get(fingerprint) if fingerprint != MESSAGE_KEYS else None
+            if request is not None and request.keys:
+                out[b.name] = self.index.predict(b.name, request)
+        return out
+
+    def spill_peer(self, plan: Plan, backend: Backend) -> Backend | None:
+        """The backend holding more of this request's blocks than `backend` does (the
+        most), in the same layout: the peer `backend` may copy them from. Only for a
+        backend the router can sign for (its admin token)."""
+        if not backend.spec.token or backend.fingerprint is None:
+            return None
+        here = plan.holders.get(backend.name, 0)
+        best: Backend | None = None
+        for name, tokens in plan.holders.items():
+            other = self.members.backends.get(name)
+            if other is None or name == backend.name or other.fingerprint != backend.fingerprint:
+                continue
+            if tokens > here and (best is None or tokens > plan.holders[best.name]):
+                best = other
+        return best
+
+    # -- in flight: what the proxy reports of each attempt --------------------------
+
+    def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
+        backend.in_flight += 1
+        backend.requests += 1
+        plan.flights[backend.name] = self.index.take_off(
+            backend.name, plan.blocks.get(backend.name, EMPTY)
+        )
+
+    def prefilled(self, plan: Plan, backend: Backend) -> None:
+        """Its first output arrived: the daemon has computed (and stored) its prompt."""
+        flight = plan.flights.get(backend.name)
+        if flight is not None:
+            self.index.land(flight)
+
+    def finished(
+        self,
+        plan: Plan,
+        backend: Backend,
+        reason: Reason,
+        *,
+        outcome: str,
+        usage: Usage | None,
+        first_byte: float | None,
+    ) -> None:
+        """A request left `backend` (any outcome): counters, index history, sessions."""
+        backend.in_flight = max(0, backend.in_flight - 1)
+        flight = plan.flights.get(backend.name)
+        if flight is not None:
+            self.index.land(flight)
+        predicted = self.index_prediction(plan, backend, reason)
+        prompt_tokens = usage.prompt_tokens if usage else None
+        cached = usage.cached_tokens if usage else None
+        if outcome == "ok":
+            self.index.routed(backend.name, plan.blocks.get(backend.name, EMPTY))
+            if plan.affinity:
+                self.sessions.served(plan.affinity, backend.name)
+                self.hot.served(plan.affinity, backend.name, plan.blocks.get(backend.name, EMPTY))
+        rests_on = plan.sources.get(backend.name, source(backend))
+        if rests_on == "events" and flight is not None and flight.contended:
+            rests_on = "contended"
+        self.metrics.request_finished(
+            backend,
+            reason,
+            outcome,
+            predicted,
+            rests_on,
+            prompt_tokens,
+            cached,
+            first_byte,
+            plan.tiers.get(backend.name),
+            usage.tiers if usage is not None else None,
+        )
+        self.decisions.append(
+            {
+                "time": time.time(),
+                "peer": plan.peers.get(backend.name),
+                "arrived": time.time() - (time.monotonic() - plan.started),
+                "backend": backend.name,
+                "reason": reason,
+                "outcome": outcome,
+                "session": self._session_digest(plan.affinity),
+                "predicted_cached_tokens": predicted,
+                "predicted_by_tier": plan.tiers[backend.name].as_dict()
+                if predicted is not None and backend.name in plan.tiers
+                else None,
+                "prediction_source": rests_on if predicted is not None else None,
+                "cached_tokens": cached,
+                "prompt_tokens": prompt_tokens,
+            }
+        )
+
+    def index_prediction(self, plan: Plan, backend: Backend, reason: Reason) -> int | None:
+        """None when the router made none (the body could not be keyed, or the policy
+        does not look at the cache)."""
+        if not plan.blocks.get(backend.name, EMPTY).keys:
+            return None
+        # Decision time: by the end, the index holds what this request itself stored.
+        return plan.predicted.get(backend.name)
+
+
+def candidate(backend: Backend) -> Candidate:
+    """The backend as admission sees it: its state, before the request is keyed."""
+    return Candidate(backend.name, backend.in_flight, ready=backend.usable, models=backend.models)
+
+
+def scored(backend: Backend, hit: TierTokens) -> Candidate:
+    """The backend as the policy sees it: its load and its predicted hit by tier."""
+    return Candidate(backend.name, backend.in_flight, hit, costs=backend.costs)
+
+
+def source(backend: Backend) -> str:
+    """What the index's prediction for this backend rests on right now."""
+    return {"following": "events", "history": "history"}.get(backend.index_mode, "resyncing")
