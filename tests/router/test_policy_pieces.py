@@ -3,13 +3,18 @@ pieces: filters narrow, scorers rank (ties to the next scorer), pickers pick."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from typing import get_args
 
 import pytest
 
 from warmfleet_common.tiers import TierTokens
+from warmfleet_router import cli
 from warmfleet_router.errors import routing_error
 from warmfleet_router.policy import (
+    POLICIES,
+    REGISTRY,
     AffinityHash,
     BestPicker,
     BoundedLoad,
@@ -18,7 +23,9 @@ from warmfleet_router.policy import (
     LeastLoad,
     ModelNotFound,
     NoBackendReady,
+    Pieces,
     Policy,
+    PolicyName,
     Ready,
     RingPicker,
     RoundRobin,
@@ -28,6 +35,8 @@ from warmfleet_router.policy import (
     TieHash,
     admit,
     build,
+    policy_table,
+    registry,
     rendezvous,
 )
 
@@ -150,6 +159,7 @@ def test_the_first_scorer_names_the_decision() -> None:
 class FewestTokens:
     """A scorer written for this test: what a new routing idea looks like."""
 
+    label = "fewest tokens"
     reason = "fallback"
     needs_cache = False
 
@@ -167,3 +177,23 @@ def test_a_new_piece_composes_without_touching_the_others() -> None:
     assert decision.backend == "mid" and decision.reason == "load-spill"  # x is full
     assert decision.fallbacks == ("long-name", "x")
     assert not policy.needs_cache and build("prefix").needs_cache
+
+
+def test_one_registry_names_the_policies() -> None:
+    assert set(get_args(PolicyName)) == set(REGISTRY) and tuple(REGISTRY) == POLICIES
+    assert all(build(name).name == name for name in POLICIES)
+    with pytest.raises(ValueError, match="unknown policy"):
+        build("fastest")  # type: ignore[arg-type]
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    choices = next(a.choices for a in parser._actions if a.dest == "policy")
+    assert list(choices or ()) == list(REGISTRY)  # `warmfleet router --policy`
+
+
+def test_the_documented_policy_table_is_the_registrys() -> None:
+    assert policy_table() in (registry.__doc__ or "")
+    assert build("prefix").describe() == Pieces(
+        ("bounded load", "session pin"),
+        ("time saved", "load", "faster tier", "request hash"),
+        "best",
+    )

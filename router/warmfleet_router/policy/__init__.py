@@ -12,20 +12,11 @@ ceil((1 + epsilon) x the mean in-flight count)); ties (savings within a fifth) b
 then the larger share in RAM, then a rendezvous hash of the request so equal
 candidates share new work. A session key keeps a session
 where it is while that backend is eligible. `round-robin`, `least-load` and `session`
-(rendezvous hash of the session key) exist to compare against. New routing ideas are
-new pieces in `compose.build`.
+(rendezvous hash of the session key) exist to compare against. The policies are named
+in one registry (`registry.REGISTRY`); new routing ideas are new pieces composed there.
 """
 
-from warmfleet_router.policy.compose import (
-    ADMISSION,
-    DEFAULT_EPSILON,
-    POLICIES,
-    Policy,
-    PolicyName,
-    admit,
-    build,
-    choose,
-)
+from warmfleet_router.policy.compose import ADMISSION, Pieces, Policy, admit
 from warmfleet_router.policy.filters import (
     BoundedLoad,
     Filter,
@@ -45,6 +36,15 @@ from warmfleet_router.policy.model import (
     RoutingRequest,
 )
 from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
+from warmfleet_router.policy.registry import (
+    DEFAULT_EPSILON,
+    POLICIES,
+    REGISTRY,
+    PolicyName,
+    build,
+    choose,
+    policy_table,
+)
 from warmfleet_router.policy.scorers import (
     AffinityHash,
     CachedTokens,
@@ -63,6 +63,7 @@ __all__ = [
     "ADMISSION",
     "DEFAULT_EPSILON",
     "POLICIES",
+    "REGISTRY",
     "AffinityHash",
     "BestPicker",
     "BoundedLoad",
@@ -75,6 +76,7 @@ __all__ = [
     "ModelNotFound",
     "NoBackendReady",
     "Picker",
+    "Pieces",
     "Policy",
     "PolicyName",
     "Ready",
@@ -94,6 +96,7 @@ __all__ = [
     "capacity",
     "choose",
     "eligible",
+    "policy_table",
     "prefill_saved",
     "rendezvous",
 ]

@@ -1,29 +1,18 @@
 """A policy is filters, scorers and a picker (the Gateway API Inference Extension's
-scheduler shape), and the four policies are compositions of the same pieces:
-
-| policy | filters | scorers (ties go to the next) | picker |
-|---|---|---|---|
-| `prefix` | bounded load, session pin | time saved, load, faster tier, request hash | best |
-| `least-load` | | load, request hash | best |
-| `round-robin` | | name order from the turn | best |
-| `session` | bounded load | session-key hash, load, request hash | ring |
-
-Time saved weighs each backend's predicted cached tokens by tier with the costs it
-measured (RAM beats disk beats a miss; savings within a fifth of each other are equal, so
-load decides, then the larger RAM share); without any costs it is cached tokens.
-Every policy first admits the backends that are ready and serve the request's model.
-The reason a decision gives: `session` when the session pin chose it, `load-spill`
-when a filter kept the best-ranked backend (or the session's) from it, else the first
-scorer's reason, or `fallback` when that scorer had nothing to say about the pick.
+scheduler shape); the named policies are compositions of the same pieces
+(`warmfleet_router.policy.registry`). Every policy first admits the backends that are
+ready and serve the request's model. The reason a decision gives: `session` when the
+session pin chose it, `load-spill` when a filter kept the best-ranked backend (or the
+session's) from it, else the first scorer's reason, or `fallback` when that scorer had
+nothing to say about the pick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-from warmfleet_router.policy.filters import BoundedLoad, Filter, Ready, ServesModel, SessionPin
+from warmfleet_router.policy.filters import Filter, Ready, ServesModel, SessionPin
 from warmfleet_router.policy.model import (
     Candidate,
     Decision,
@@ -31,20 +20,9 @@ from warmfleet_router.policy.model import (
     Reason,
     RoutingRequest,
 )
-from warmfleet_router.policy.pickers import BestPicker, Picker, RingPicker
-from warmfleet_router.policy.scorers import (
-    AffinityHash,
-    FasterTier,
-    LeastLoad,
-    RoundRobin,
-    Scorer,
-    TieHash,
-    TimeSaved,
-)
+from warmfleet_router.policy.pickers import BestPicker, Picker
+from warmfleet_router.policy.scorers import Scorer
 
-PolicyName = Literal["prefix", "round-robin", "least-load", "session"]
-POLICIES: tuple[PolicyName, ...] = ("prefix", "round-robin", "least-load", "session")
-DEFAULT_EPSILON = 0.25
 ADMISSION: tuple[Filter, ...] = (Ready(), ServesModel())
 
 
@@ -60,11 +38,27 @@ def admit(candidates: Sequence[Candidate], request: RoutingRequest) -> list[Cand
 
 
 @dataclass(frozen=True)
+class Pieces:
+    """A policy's pieces by the names the policy table gives them."""
+
+    filters: tuple[str, ...]
+    scorers: tuple[str, ...]
+    picker: str
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str
     scorers: tuple[Scorer, ...]
     filters: tuple[Filter, ...] = ()
     picker: Picker = field(default_factory=BestPicker)
+
+    def describe(self) -> Pieces:
+        return Pieces(
+            tuple(f.label for f in self.filters),
+            tuple(s.label for s in self.scorers),
+            self.picker.label,
+        )
 
     @property
     def needs_cache(self) -> bool:
@@ -104,40 +98,3 @@ class Policy:
             return "load-spill"  # its session's backend is there but overloaded
         primary = self.scorers[0]
         return primary.reason if primary.informs(pick, request) else "fallback"
-
-
-def build(name: PolicyName, epsilon: float = DEFAULT_EPSILON) -> Policy:
-    if name == "prefix":
-        return Policy(
-            name,
-            (TimeSaved(), LeastLoad(), FasterTier(), TieHash()),
-            (BoundedLoad(epsilon), SessionPin()),
-        )
-    if name == "least-load":
-        return Policy(name, (LeastLoad(), TieHash()))
-    if name == "round-robin":
-        return Policy(name, (RoundRobin(),))
-    if name == "session":
-        return Policy(
-            name, (AffinityHash(), LeastLoad(), TieHash()), (BoundedLoad(epsilon),), RingPicker()
-        )
-    raise ValueError(f"unknown policy {name!r}")
-
-
-def choose(
-    policy: PolicyName,
-    candidates: Sequence[Candidate],
-    *,
-    epsilon: float = DEFAULT_EPSILON,
-    tie_key: bytes = b"",
-    affinity: str | None = None,
-    session_backend: str | None = None,
-    turn: int = 0,
-) -> Decision:
-    """Pick a backend among `candidates` (healthy, ready ones) with the named policy.
-    `session_backend` is where the affinity key's session is; `turn` counts requests
-    (round-robin)."""
-    request = RoutingRequest(
-        tie_key=tie_key, affinity=affinity, session_backend=session_backend, turn=turn
-    )
-    return build(policy, epsilon).decide(candidates, request)

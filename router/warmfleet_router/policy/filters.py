@@ -18,6 +18,8 @@ from warmfleet_router.policy.model import (
 
 
 class Filter(Protocol):
+    label: str  # what the policy table calls it
+
     def __call__(
         self, candidates: Sequence[Candidate], request: RoutingRequest
     ) -> list[Candidate]: ...
@@ -25,6 +27,8 @@ class Filter(Protocol):
 
 class Ready:
     """Backends that take new requests."""
+
+    label = "ready"
 
     def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
         return [c for c in candidates if c.ready]
@@ -34,6 +38,8 @@ class ServesModel:
     """Backends that answer to the request's model; those that have not said which
     models they serve only when none has said it serves this one. Nothing left: 503
     when a backend that is not ready serves it, else 404 as a daemon answers it."""
+
+    label = "serves the model"
 
     def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
         model = request.model
@@ -70,6 +76,8 @@ class BoundedLoad:
     """Consistent hashing with bounded loads: no backend may take a request that would
     put it above ceil((1 + epsilon) x the mean in-flight count)."""
 
+    label = "bounded load"
+
     def __init__(self, epsilon: float) -> None:
         self.epsilon = epsilon
 
@@ -80,6 +88,8 @@ class BoundedLoad:
 class SessionPin:
     """Only the backend the request's session was last served by, when it is still a
     candidate; the candidates unchanged otherwise."""
+
+    label = "session pin"
 
     def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
         pinned = [c for c in candidates if c.name == request.session_backend]

@@ -11,6 +11,8 @@ from warmfleet_router.policy.model import Candidate
 
 
 class Picker(Protocol):
+    label: str  # what the policy table calls it
+
     def __call__(
         self, ranked: Sequence[Candidate], stages: Sequence[Sequence[Candidate]]
     ) -> tuple[Candidate, list[Candidate]]:
@@ -22,6 +24,8 @@ class Picker(Protocol):
 class BestPicker:
     """The best ranked of what every filter let through. Fallbacks: those that passed
     more filters first, each group in rank order."""
+
+    label = "best"
 
     def __call__(
         self, ranked: Sequence[Candidate], stages: Sequence[Sequence[Candidate]]
@@ -38,6 +42,8 @@ class BestPicker:
 class RingPicker:
     """Consistent hashing's walk around the ring: the first in rank order that every
     filter let through; fallbacks in rank order (the ring's), filtered or not."""
+
+    label = "ring"
 
     def __call__(
         self, ranked: Sequence[Candidate], stages: Sequence[Sequence[Candidate]]

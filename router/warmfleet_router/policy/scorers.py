@@ -17,6 +17,7 @@ from warmfleet_router.policy.model import Candidate, Reason, RoutingRequest
 
 
 class Scorer(Protocol):
+    label: str  # what the policy table calls it
     reason: Reason
     needs_cache: bool  # reads Candidate.cached (the request must be keyed)
 
@@ -34,6 +35,7 @@ def rendezvous(key: bytes, name: str) -> int:
 class CachedTokens:
     """Prompt tokens the backend is predicted to serve from its cache."""
 
+    label = "cached tokens"
     reason: Reason = "prefix"
     needs_cache = True
 
@@ -63,6 +65,7 @@ class TimeSaved:
     all to the one that happened to measure a slower prefill. When no backend published
     costs, the score is cached tokens, exactly as `CachedTokens`."""
 
+    label = "time saved"
     reason: Reason = "prefix"
     needs_cache = True
 
@@ -98,6 +101,7 @@ class FasterTier:
     savings count as equal (and equally loaded), the one that restores rather than reads
     from disk or copies from a peer."""
 
+    label = "faster tier"
     reason: Reason = "prefix"
     needs_cache = True
 
@@ -121,6 +125,7 @@ def prefill_saved(candidate: Candidate, typical_saving: float) -> float:
 class LeastLoad:
     """Fewer requests in flight is better."""
 
+    label = "load"
     reason: Reason = "least-load"
     needs_cache = False
 
@@ -135,6 +140,7 @@ class TieHash:
     """A rendezvous hash of the request: equal candidates share new work, and the same
     request breaks the tie the same way."""
 
+    label = "request hash"
     reason: Reason = "fallback"
     needs_cache = False
 
@@ -149,6 +155,7 @@ class AffinityHash:
     """A rendezvous hash of the session key: each session has its own order of
     backends (consistent hashing); no key, no preference."""
 
+    label = "session-key hash"
     reason: Reason = "session"
     needs_cache = False
 
@@ -165,6 +172,7 @@ class AffinityHash:
 class RoundRobin:
     """Backends in name order, starting one further on at every request."""
 
+    label = "name order from the turn"
     reason: Reason = "round-robin"
     needs_cache = False
 
