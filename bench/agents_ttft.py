@@ -58,11 +58,9 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -72,15 +70,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from harness import peers, warmfleet
+from harness.processes import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engine_vs_mlx_lm import prepare, vllm_mlx_env
-
-VENV_BIN = Path(sys.executable).parent
 MODEL = "SmolLM2-135M-Instruct"  # the served name (Claude Code reads "default" as its alias)
 CONTEXT = 32768
-DEFAULT_VLLM_MLX = Path.home() / ".cache/peers/vllm-mlx/bin/vllm-mlx"
 WORDS = ["Which", "What", "List", "Name", "Show", "Tell", "Describe", "Find"]
 
 
@@ -167,26 +161,6 @@ class FirstRequest:
 # -- the fleet ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_ports(n: int) -> int:
-    """A port with the next n-1 free as well (`warmfleet up` takes consecutive ones)."""
-    while True:
-        port = free_port()
-        with contextlib.ExitStack() as stack:
-            try:
-                for i in range(n):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port + i))
-            except OSError:
-                continue
-        return port
-
-
 @dataclass
 class Fleet:
     url: str
@@ -248,37 +222,13 @@ def _busy(status: dict[str, Any]) -> bool:
 
 @contextlib.contextmanager
 def fleet(folder: Path, nodes: int, warm: Path | None, max_output: int) -> Iterator[Fleet]:
-    """`warmfleet up` (its output in folder/up.log), once its router and daemons answer."""
-    port = free_ports(nodes + 1)
-    cmd = [
-        str(VENV_BIN / "warmfleet"), "up", "--nodes", str(nodes), "--model", "default",
-        "--max-context", str(CONTEXT), "--max-output-tokens", str(max_output),
-        "--port", str(port), "--dir", str(folder),
-    ]  # fmt: skip
+    """`warmfleet up` (its output in folder/up.log), once its daemons answer."""
+    options = ["--model", "default", "--max-context", str(CONTEXT)]
+    options += ["--max-output-tokens", str(max_output)]
     if warm:
-        cmd += ["--warm", str(warm)]
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "up.log").open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        daemons = [f"http://127.0.0.1:{port + 1 + i}" for i in range(nodes)]
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"warmfleet up did not start: see {folder / 'up.log'}")
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                token = (folder / "admin-token").read_text().strip()
-                if all(httpx.get(f"{d}/readyz", timeout=5).status_code == 200 for d in daemons):
-                    break
-            time.sleep(1)
-        yield Fleet(f"http://127.0.0.1:{port}", daemons, token)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        options += ["--warm", str(warm)]
+    with warmfleet.up(folder, nodes, *options) as f:
+        yield Fleet(f.url, f.daemons, f.token)
 
 
 # -- the CLIs ----------------------------------------------------------------------------
@@ -343,6 +293,24 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def agent(
+    command: list[str], env: dict[str, str], cwd: Path, stderr: int
+) -> Iterator[subprocess.Popen[str]]:
+    """A CLI's run, its output read line by line (`.stdout`), killed after two hours;
+    waited for at the block's end."""
+    with subprocess.Popen(
+        command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=stderr, text=True,
+    ) as proc:  # fmt: skip
+        timer = threading.Timer(7200, proc.kill)
+        timer.start()
+        try:
+            yield proc
+        finally:
+            timer.cancel()
+
+
 def claude_run(
     project: Project, url: str, text: str, where: str, *args: str, daemons: list[str]
 ) -> Run:
@@ -354,18 +322,12 @@ def claude_run(
     ]  # fmt: skip
     started = time.monotonic()
     lines: list[str] = []
-    with subprocess.Popen(
-        command, env=project.claude_env(url), cwd=project.work, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    ) as proc:  # fmt: skip
+    with agent(command, project.claude_env(url), project.work, subprocess.STDOUT) as proc:
         assert proc.stdout is not None
-        timer = threading.Timer(7200, proc.kill)
-        timer.start()
         for line in proc.stdout:
             lines.append(line)
             if run.ttft_ms is None and '"content_block_delta"' in line:
                 run.ttft_ms = (time.monotonic() - started) * 1000
-        timer.cancel()
     run.wall_s = time.monotonic() - started
     events = [json.loads(line) for line in lines if line.startswith("{")]
     results = [e for e in events if e.get("type") == "result"]
@@ -399,13 +361,8 @@ def codex_run(project: Project, url: str, text: str, where: str, daemons: list[s
     command = [str(project.bin("codex")), "exec", "--json", "--skip-git-repo-check", text]
     started = time.monotonic()
     turn_started: float | None = None
-    with subprocess.Popen(
-        command, env=project.codex_env(url), cwd=project.work, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    ) as proc:  # fmt: skip
+    with agent(command, project.codex_env(url), project.work, subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
-        timer = threading.Timer(7200, proc.kill)
-        timer.start()
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
@@ -423,7 +380,6 @@ def codex_run(project: Project, url: str, text: str, where: str, daemons: list[s
                 probe.wait(timeout=120)
                 proc.terminate()
                 break
-        timer.cancel()
         proc.wait()
     run.wall_s = time.monotonic() - started
     _server(run, probe.stop())
@@ -443,8 +399,8 @@ def capture(project: Project, out: Path, clis: Sequence[str]) -> None:
     for cli in clis:
         port = free_port()
         cap = subprocess.Popen(
-            [str(VENV_BIN / "warmfleet"), "warm-prompts", "capture", "--port", str(port),
-             "--out", str(out), "--timeout", "120"],
+            warmfleet.cli("warm-prompts", "capture", "--port", str(port), "--out", str(out),
+                          "--timeout", "120"),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
@@ -470,31 +426,13 @@ def capture(project: Project, out: Path, clis: Sequence[str]) -> None:
 
 
 @contextlib.contextmanager
-def vllm_mlx(binary: Path, model_dir: str, log: Path) -> Iterator[str]:
-    port = free_port()
-    env = vllm_mlx_env(log.parent / "vllm-mlx-home")
-    cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching",
-           "--served-model-name", MODEL]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-mlx did not start: see {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            time.sleep(1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def vllm_mlx_served(binary: Path, model_dir: str, log: Path) -> Iterator[str]:
+    """vllm-mlx serving the weights as MODEL (its output in `log`)."""
+    home = log.parent / "vllm-mlx-home"
+    options = ("--served-model-name", MODEL)
+    launching: dict[str, Any] = {"log": log, "timeout": 600, "poll": 1, "stop_timeout": 60}
+    with peers.vllm_mlx(binary, model_dir, *options, home=home, **launching) as s:
+        yield s.url
 
 
 def versions(project: Project, vllm_mlx: Path) -> dict[str, str]:
@@ -566,7 +504,7 @@ def main() -> int:
     ap.add_argument("--cli", choices=["claude", "codex"], action="append", help="default: both")
     ap.add_argument("--rewarm", action="store_true", help="re-warm before each warm round")
     ap.add_argument("--only", choices=["cold", "warm", "vllm-mlx"], action="append")
-    ap.add_argument("--vllm-mlx", type=Path, default=DEFAULT_VLLM_MLX)
+    ap.add_argument("--vllm-mlx", type=Path, default=peers.DEFAULT_VLLM_MLX)
     ap.add_argument("--model-dir", default=None, help="converted model for vllm-mlx")
     ap.add_argument("--dir", type=Path, help="keep the work here (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write the raw runs here")
@@ -630,8 +568,8 @@ def main() -> int:
                     runs.append(r)
                     report([r])
     if "vllm-mlx" in parts and args.vllm_mlx.exists():
-        _, model_dir = prepare(args.model_dir)
-        with vllm_mlx(args.vllm_mlx, model_dir, root / "vllm-mlx.log") as url:
+        _, model_dir = peers.prepare(args.model_dir)
+        with vllm_mlx_served(args.vllm_mlx, model_dir, root / "vllm-mlx.log") as url:
             quiet(args.max_load, args.patience)
             first = claude_run(project, url, prompt(n + 1), "vllm-mlx", daemons=[])
             runs.append(first)

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from harness.processes import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -77,9 +77,7 @@ def main() -> int:
     ap.add_argument("--first", type=float, default=1.0, help="seconds to the first text")
     ap.add_argument("--end", type=float, default=8.0, help="seconds to the message's end")
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app(args.first, args.end), port=port, log_level="warning")
     )

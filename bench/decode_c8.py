@@ -29,27 +29,14 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engine_vs_mlx_lm import (
-    VENV_BIN,
-    Started,
-    concurrent,
-    free_port,
-    prepare,
-    server,
-    started,
-    stream,
-    vllm_mlx_env,
-)
-
-TOPICS = ["dragons", "the sea", "a robot", "Paris", "a garden", "winter", "a train", "the moon"]
-DEFAULT_VLLM_MLX = Path.home() / ".cache/peers/vllm-mlx/bin/vllm-mlx"
+from harness.client import aggregate_tok_s, concurrent, decode_tok_s, stream
+from harness.peers import DEFAULT_VLLM_MLX, VENV_BIN, prepare, server, vllm_mlx
+from harness.processes import Proc
+from harness.workloads import stories
 
 
 @dataclass
@@ -59,31 +46,12 @@ class Figures:
     last_ttft: list[float] = field(default_factory=list)
 
 
-@contextmanager
-def vllm_mlx(binary: Path, model_dir: str) -> Iterator[Started]:
-    """vllm-mlx with continuous batching, as its README serves several clients."""
-    port = free_port()
-    cmd = [str(binary), "serve", model_dir, "--port", str(port), "--continuous-batching"]
-    with (
-        tempfile.TemporaryDirectory(prefix="vllm-mlx-home-") as home,
-        started(cmd, model_dir, "/health", vllm_mlx_env(Path(home))) as s,
-    ):
-        yield s
-
-
 def one_round(url: str, model: str, rnd: int, figures: Figures) -> None:
-    conversations = [
-        [{"role": "user", "content": f"Write a long story about {topic}, part {rnd}."}]
-        for topic in TOPICS
-    ]
-    eight = concurrent(url, model, conversations, 128)
-    start = min(r.first_token_at - r.ttft_s for r in eight)
-    end = max(r.last_token_at for r in eight)
-    figures.c8.append(sum(r.completion_tokens for r in eight) / (end - start))
+    eight = concurrent(url, model, stories(rnd), 128)
+    figures.c8.append(aggregate_tok_s(eight))
     figures.last_ttft.append(max(r.ttft_s for r in eight))
     essay = [{"role": "user", "content": f"Write a long essay about computing, part {rnd}."}]
-    one = stream(url, model, essay, 128)
-    figures.c1.append((one.completion_tokens - 1) / (one.last_token_at - one.first_token_at))
+    figures.c1.append(decode_tok_s(stream(url, model, essay, 128)))
 
 
 def main() -> int:
@@ -106,11 +74,12 @@ def main() -> int:
         print(f"vllm-mlx not found at {args.vllm_mlx}: comparing with mlx_lm.server only")
     figures = {kind: Figures() for kind in kinds}
     with ExitStack() as stack:
-        endpoints = {}
+        endpoints: dict[str, Proc] = {}
         for kind in kinds:
             if kind == "vllm-mlx":
-                s = stack.enter_context(vllm_mlx(args.vllm_mlx, model_dir))
-                endpoints[kind] = (s.url, s.model)
+                home = stack.enter_context(tempfile.TemporaryDirectory(prefix="vllm-mlx-home-"))
+                s = stack.enter_context(vllm_mlx(args.vllm_mlx, model_dir, home=Path(home)))
+                endpoints[kind] = s
                 stream(s.url, s.model, [{"role": "user", "content": "hi"}], 1)  # prime
             elif kind == quantized:
                 extra = ["--kv-bits", str(args.kv_bits)]
@@ -121,7 +90,7 @@ def main() -> int:
         for rnd in range(args.rounds):
             order = kinds[rnd % len(kinds) :] + kinds[: rnd % len(kinds)]
             for kind in order:
-                one_round(*endpoints[kind], rnd, figures[kind])
+                one_round(endpoints[kind].url, endpoints[kind].model, rnd, figures[kind])
             print(
                 f"round {rnd + 1}: "
                 + "  ".join(
@@ -133,7 +102,7 @@ def main() -> int:
             )
 
     def med(kind: str, name: str) -> float:
-        return statistics.median(getattr(figures[kind], name))
+        return float(statistics.median(getattr(figures[kind], name)))
 
     title = f"median of {args.rounds} rounds"
     width = max(15, *(len(k) + 2 for k in kinds))

@@ -24,14 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from harness.client import sse_data
+from harness.processes import Proc, free_port, tmp_log
+from harness.warmfleet import router, serve, wait_following, wait_warm
 
-BIN = [sys.executable, "-m", "warmfleet_cli"]
 TOKEN = "bench-fleet-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POLICIES = ("round-robin", "least-load", "session", "prefix")
@@ -121,49 +118,13 @@ def workload(sessions: int, turns: int, seed: int = 7) -> Workload:
 # -- processes -------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-
-def start(args: list[str], port: int, ready: str = "/readyz", timeout: float = 300) -> Proc:
-    log = open(os.path.join(tempfile.gettempdir(), f"bench-fleet-{port}.log"), "wb")  # noqa: SIM115
-    env = {**os.environ, "WARMFLEET_ADMIN_TOKEN": TOKEN}
-    process = subprocess.Popen([*BIN, *args, "--port", str(port)], stdout=log, stderr=log, env=env)
-    proc = Proc(f"http://127.0.0.1:{port}", process)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{args[0]} exited: see {log.name}")
-        try:
-            if httpx.get(proc.url + ready, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{args[0]} on {port} not ready in {timeout}s")
-
-
 def daemon(model: str, cache_mb: int, block_size: int | None) -> Proc:
-    args = ["serve", "--model", model, "--cache-memory-mb", str(cache_mb), "--log-level", "warning"]
+    options = ["--cache-memory-mb", str(cache_mb), "--log-level", "warning"]
     if block_size:
-        args += ["--block-size", str(block_size)]
-    return start(args, free_port())
+        options += ["--block-size", str(block_size)]
+    port = free_port()
+    log = tmp_log(f"bench-fleet-{port}")
+    return serve(*options, model=model, token=TOKEN, port=port, log=log, poll=0.2)
 
 
 def warm(daemons: list[Proc], load: Workload, agents: bool = True) -> None:
@@ -178,11 +139,7 @@ def warm(daemons: list[Proc], load: Workload, agents: bool = True) -> None:
         r = httpx.put(f"{d.url}/v1/warm-sets/bench/agents", json=body, headers=AUTH, timeout=60)
         r.raise_for_status()
     for d in daemons:
-        deadline = time.monotonic() + 600
-        while httpx.get(f"{d.url}/readyz", params={"warm": 1}, timeout=10).status_code != 200:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{d.url} did not warm")
-            time.sleep(0.2)
+        wait_warm(d.url, timeout=600, poll=0.2)
 
 
 def counters(daemons: list[Proc]) -> dict[str, tuple[int, int]]:
@@ -209,11 +166,11 @@ def deltas(
     return hits, queried
 
 
-def router_predictions(router: Proc) -> Counter[str]:
+def router_predictions(front: Proc) -> Counter[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Counter[str] = Counter()
-    for family in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text):
+    for family in text_string_to_metric_families(httpx.get(f"{front.url}/metrics").text):
         for s in family.samples:
             if s.name == "warmfleet_router_predictions_total":
                 # Only event-backed predictions measure the index; history guesses apart.
@@ -250,9 +207,9 @@ async def chat(
                 return None
             out.backends[r.headers.get("x-warmfleet-backend", url)] += 1
             async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                chunk = sse_data(line)
+                if chunk is None:
                     continue
-                chunk = json.loads(line[6:])
                 if "error" in chunk:
                     raise RuntimeError(chunk["error"]["message"])
                 for choice in chunk.get("choices", []):
@@ -316,17 +273,13 @@ def run_policy(
     policy: str, daemons: list[Proc], load: Workload, args: argparse.Namespace, kill: bool = False
 ) -> dict[str, Any]:
     warm(daemons, load, not args.no_warm)
-    backends = [a for d in daemons for a in ("--backend", d.url)]
-    router = start(["router", *backends, "--policy", policy, "--log-level", "warning"], free_port())
+    port = free_port()
+    options = ["--policy", policy, "--log-level", "warning"]
+    urls = [d.url for d in daemons]
+    log = tmp_log(f"bench-fleet-{port}")
+    front = router(urls, *options, token=TOKEN, port=port, log=log, poll=0.2)
     try:
-        deadline = time.monotonic() + 60
-        while any(
-            b["index"]["mode"] != "following"
-            for b in httpx.get(f"{router.url}/v1/router/status").json()["backends"]
-        ):
-            if time.monotonic() > deadline:
-                raise SystemExit("the router did not follow every daemon")
-            time.sleep(0.1)
+        wait_following(front.url, AUTH)
         before = counters(daemons)
         total = len(load.sessions) * len(load.sessions[0][2])
         victim = daemons[-1]
@@ -337,11 +290,11 @@ def run_policy(
                 last_seen.update(counters([victim]))  # what it did until now
                 victim.process.kill()
 
-        watcher = DecisionLog(router.url) if args.mispredictions else None
+        watcher = DecisionLog(front.url) if args.mispredictions else None
         t0 = time.perf_counter()
         result = asyncio.run(
             drive(
-                router.url,
+                front.url,
                 load,
                 args.concurrency,
                 args.max_tokens,
@@ -354,9 +307,9 @@ def run_policy(
         if watcher is not None:
             watcher.stop(args.mispredictions, policy)
         hits, queried = deltas(before, {**last_seen, **counters(daemons)})
-        predictions = router_predictions(router)
+        predictions = router_predictions(front)
     finally:
-        router.stop()
+        front.stop()
     name = policy + (" (one daemon killed)" if kill else "")
     return summary(name, result, wall, hits, queried, predictions, len(daemons))
 
@@ -381,7 +334,8 @@ class DecisionLog:
 
     def _read(self) -> None:
         try:
-            decisions = httpx.get(f"{self.url}/v1/router/status", timeout=10).json()["decisions"]
+            status = httpx.get(f"{self.url}/v1/router/status", headers=AUTH, timeout=10)
+            decisions = status.json()["decisions"]
         except (httpx.HTTPError, ValueError, KeyError):
             return
         for d in decisions:

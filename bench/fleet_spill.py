@@ -29,54 +29,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
-import statistics
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engine_vs_mlx_lm import PARAGRAPHS, VENV_BIN, free_port, prepare, started
-from long_sessions import ASKS, Turn, history, turn
+from harness.client import Turn, turn
+from harness.figures import spread
+from harness.peers import prepare
+from harness.warmfleet import router, serve, wait_following
+from harness.workloads import ASKS, transcripts
 
 TOKEN = "fleet-spill-bench"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@contextmanager
-def daemon(context: int, spill: str) -> Iterator[str]:
-    port = free_port()
-    cmd = [
-        str(VENV_BIN / "warmfleet"), "serve", "--model", "default", "--port", str(port),
-        "--max-context", str(context), "--spill", spill, "--log-level", "info",
-    ]  # fmt: skip
-    with started(cmd, "default", "/readyz", {**os.environ, "WARMFLEET_ADMIN_TOKEN": TOKEN}) as s:
-        yield s.url
-
-
-@contextmanager
-def router(backends: list[str], token_file: Path) -> Iterator[str]:
-    port = free_port()
-    cmd = [str(VENV_BIN / "warmfleet"), "router", "--port", str(port)]
-    cmd += [arg for url in backends for arg in ("--backend", url)]
-    cmd += ["--admin-token-file", str(token_file), "--health-interval", "1"]
-    with started(cmd, "default", "/readyz", {**os.environ}) as s:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            modes = [b["index"]["mode"] for b in router_status(s.url)["backends"]]
-            if modes == ["following"] * len(backends):
-                break
-            time.sleep(0.2)
-        yield s.url
 
 
 def router_status(url: str) -> dict[str, Any]:
@@ -143,7 +112,8 @@ def keys_on(router_url: str, holder: str, count: int, taken: set[str]) -> list[s
 
 
 def in_flight(router_url: str, name: str) -> int:
-    return next(b["in_flight"] for b in router_status(router_url)["backends"] if b["name"] == name)
+    backends = router_status(router_url)["backends"]
+    return int(next(b["in_flight"] for b in backends if b["name"] == name))
 
 
 def clear(url: str) -> None:
@@ -164,10 +134,6 @@ class Result:
     reason: str | None
 
 
-def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f}, n={len(xs)})"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -181,18 +147,18 @@ def main() -> int:
     args = ap.parse_args()
     print(f"load: {os.getloadavg()}", flush=True)
     tokenizer, _ = prepare(args.model_dir)
-    rng = random.Random(20)
-    system = "\n\n".join(PARAGRAPHS * 3)
-    targets = [rng.randint(args.min_tokens, args.max_tokens) for _ in range(args.sessions)]
-    sessions = [history(tokenizer, rng, system, n, i) for i, n in enumerate(targets)]
+    sessions = transcripts(tokenizer, args.sessions, args.min_tokens, args.max_tokens)
     context = args.max_tokens + 8192
     token_file = Path(tempfile.mkstemp(prefix="fleet-spill-token-")[1])
     token_file.write_text(TOKEN)
     results: list[Result] = []
     with ExitStack() as stack:
-        urls = [stack.enter_context(daemon(context, args.spill)) for _ in range(2)]
+        serving = ["--max-context", str(context), "--spill", args.spill, "--log-level", "info"]
+        urls = [stack.enter_context(serve(*serving, token=TOKEN)).url for _ in range(2)]
         by_name = {u.removeprefix("http://"): u for u in urls}
-        r = stack.enter_context(router(urls, token_file))
+        routing = ["--admin-token-file", str(token_file), "--health-interval", "1"]
+        r = stack.enter_context(router(urls, *routing)).url
+        wait_following(r, AUTH, poll=0.2)
         print(f"daemons {urls}, router {r}; costs {spill_stats(urls[0])['costs']}", flush=True)
         taken: set[str] = set()
         for i, s in enumerate(sessions):

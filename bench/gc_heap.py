@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -25,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from router_overhead import free_port, start
+from harness.processes import free_port, launch, tmp_log
+from harness.warmfleet import serve
 
 HERE = Path(__file__).resolve()
-ALL_CPUS = os.sched_getaffinity(0)
 
 
 def child(report: str, freeze: bool, argv: list[str]) -> int:
@@ -111,7 +110,8 @@ def run_once(args: argparse.Namespace, freeze: bool, backend: str | None) -> dic
         argv = ["router", "--backend", str(backend), "--port", str(port)]
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         command = child_command(report.name, freeze, argv)
-        measured = start(args.target, command, port, ALL_CPUS, "/readyz")
+        log = tmp_log(f"gc-heap-{args.target}")
+        measured = launch(command, port, name=args.target, log=log, poll=0.2)
         try:
             began = time.time()
             asyncio.run(drive(url, args.requests, args.concurrency, args.max_tokens))
@@ -141,13 +141,8 @@ def main() -> int:
 
     server = None
     if not daemon:  # the router's backend: a tiny-random daemon, outside the measurement
-        port = free_port()
-        server = start(
-            "backend",
-            [sys.executable, "-m", "warmfleet_cli", "serve", "--model", "tiny-random",
-             "--block-size", "32", "--port", str(port)],
-            port, ALL_CPUS, "/readyz",
-        )  # fmt: skip
+        log = tmp_log("gc-heap-backend")
+        server = serve("--block-size", "32", model="tiny-random", name="backend", log=log, poll=0.2)
     backend = server.url if server else None
     results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     try:

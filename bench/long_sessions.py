@@ -36,204 +36,44 @@ It is served from the same weights (`warmfleet convert default DIR`) with
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from harness.client import Turn, turn
+from harness.figures import spread
+from harness.peers import DEFAULT_VLLM_MLX, prepare, vllm_mlx
+from harness.warmfleet import serve
+from harness.workloads import ASKS, Session, transcripts
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engine_vs_mlx_lm import (
-    PARAGRAPHS,
-    VENV_BIN,
-    free_port,
-    prepare,
-    started,
-    vllm_mlx_env,
-)
-
-DEFAULT_VLLM_MLX = Path.home() / ".cache/peers/vllm-mlx/bin/vllm-mlx"
 KV_BYTES_PER_TOKEN = 46_080  # SmolLM2-135M, float32: 30 layers x 2 x 3 KV heads x 64 x 4
-FILES = ["pkg/fetch/client.go", "services/payments/api.py", "tools/lint/BUILD", "docs/ops.md"]
-COMMANDS = ["pytest -q tests/payments", "go test ./pkg/...", "bazel build //tools:lint"]
-CODE = [
-    "def retry(fn, attempts=3, backoff=0.5):",
-    "    for attempt in range(attempts):",
-    "        try:",
-    "            return fn()",
-    "        except TimeoutError as exc:",
-    "            time.sleep(backoff * 2 ** attempt)",
-    "func (c *Client) Do(req *http.Request) (*http.Response, error) {",
-    "    resp, err := c.inner.Do(req)",
-    '    if err != nil { return nil, fmt.Errorf("fetch: %w", err) }',
-    "payments_timeout_seconds = int(os.environ.get('PAYMENTS_TIMEOUT', '30'))",
-    "class LedgerEntry(BaseModel):",
-    "    amount_cents: int",
-    "    currency: Literal['EUR', 'USD']",
-]
-ASKS = [
-    "Now run the tests again and tell me what still fails.",
-    "Summarize what you changed so far in three lines.",
-    "Check whether the retry also covers connection resets.",
-    "What is the next file you would read, and why?",
-]
-
-
-@dataclass
-class Turn:
-    ttft_s: float
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None
-    text: str
-    backend: str = ""  # x-warmfleet-backend: where the router sent it
-
-
-@dataclass
-class Session:
-    messages: list[dict[str, Any]]
-    turns: list[Turn] = field(default_factory=list)
-
-
-def history(tokenizer: Any, rng: random.Random, system: str, target: int, n: int) -> Session:
-    """A coding agent's transcript of about `target` tokens: tasks, tool calls (as the
-    Hermes convention writes them), tool results (file contents, command output)."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system},
-        {"role": "user", "content": f"Session {n}: the payments CI job times out; fix it."},
-    ]
-    tokens = len(tokenizer.encode(system)) + 20
-    while tokens < target:
-        if rng.random() < 0.6:
-            path = rng.choice(FILES)
-            call = {"name": "read_file", "arguments": {"path": path}}
-            body = "\n".join(rng.choice(CODE) for _ in range(rng.randint(20, 60)))
-        else:
-            cmd = rng.choice(COMMANDS)
-            call = {"name": "run_command", "arguments": {"cmd": cmd}}
-            body = "\n".join(
-                f"FAILED tests/payments/test_api.py::test_{rng.randint(1, 99)} - "
-                f"TimeoutError after {rng.randint(1, 60)}s"
-                for _ in range(rng.randint(5, 25))
-            )
-        said = f"I will {call['name'].replace('_', ' ')} next."
-        text = f"{said}\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
-        result = f"<tool_response>\n{body}\n</tool_response>"
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result}]
-        tokens += len(tokenizer.encode(text)) + len(tokenizer.encode(result)) + 10
-    return Session(messages)
-
-
-def turn(
-    url: str,
-    model: str,
-    messages: list[dict[str, Any]],
-    max_tokens: int,
-    headers: dict[str, str] | None = None,
-) -> Turn:
-    body = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    first = None
-    finish = None
-    text = ""
-    usage: dict[str, Any] = {}
-    with httpx.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=1800
-    ) as r:
-        r.raise_for_status()
-        backend = r.headers.get("x-warmfleet-backend", "")  # when a router answered
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                finish = choice.get("finish_reason") or finish
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text += piece
-    if finish is None:  # the server gave up on the request (vllm-mlx: its --timeout)
-        raise RuntimeError(
-            f"the stream ended without a finish_reason after {time.perf_counter() - start:.0f} s"
-        )
-    if first is None:  # nothing streamed (an immediate EOS): the end is the first token
-        first = time.perf_counter()
-    details = usage.get("prompt_tokens_details") or {}
-    return Turn(
-        first - start,
-        int(usage.get("prompt_tokens", 0)),
-        int(usage.get("completion_tokens", 0)),
-        details.get("cached_tokens"),
-        text,
-        backend,
-    )
 
 
 @contextmanager
 def warmfleet(state_dir: Path, budget_mb: int, context: int, kv_bits: int | None) -> Iterator[str]:
-    port = free_port()
-    cmd = [
-        str(VENV_BIN / "warmfleet"),
-        "serve",
-        "--model",
-        "default",
-        "--port",
-        str(port),
-        "--max-context",
-        str(context),
-        "--cache-memory-mb",
-        str(budget_mb),
-        "--state-dir",
-        str(state_dir),
-        "--log-level",
-        "warning",
-    ]
+    options = ["--max-context", str(context), "--cache-memory-mb", str(budget_mb)]
+    options += ["--state-dir", str(state_dir), "--log-level", "warning"]
     if kv_bits:
-        cmd += ["--kv-bits", str(kv_bits)]
-    with started(cmd, "default", "/readyz", {**os.environ}) as s:
+        options += ["--kv-bits", str(kv_bits)]
+    with serve(*options) as s:
         yield s.url
 
 
 @contextmanager
-def vllm_mlx(binary: Path, model_dir: str, ssd: Path, budget_mb: int) -> Iterator[str]:
-    port = free_port()
-    env = vllm_mlx_env(ssd.parent / "vllm-mlx-home")
-    cmd = [
-        str(binary),
-        "serve",
-        model_dir,
-        "--port",
-        str(port),
-        "--continuous-batching",
-        "--cache-memory-mb",
-        str(budget_mb),
-        "--ssd-cache-dir",
-        str(ssd),
-        "--ssd-cache-max-gb",
-        "20",
-        "--timeout",  # its default, 300 s without output, aborts a long prefill on a CPU
-        "3600",
-    ]
-    with started(cmd, model_dir, "/health", env) as s:
+def vllm_mlx_ssd(binary: Path, model_dir: str, ssd: Path, budget_mb: int) -> Iterator[str]:
+    """vllm-mlx with its SSD cache; `--timeout 3600`: its default, 300 s without output,
+    aborts a long prefill on a CPU."""
+    options = ["--cache-memory-mb", str(budget_mb), "--ssd-cache-dir", str(ssd)]
+    options += ["--ssd-cache-max-gb", "20", "--timeout", "3600"]
+    with vllm_mlx(binary, model_dir, *options, home=ssd.parent / "vllm-mlx-home") as s:
         yield s.url
 
 
@@ -266,10 +106,6 @@ def resumed(
         )
         print(f"  {label} {i}: TTFT {t.ttft_s:.2f} s, cached {t.cached_tokens}{reuse}", flush=True)
         think(args.think)
-
-
-def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f}, n={len(xs)})"
 
 
 @dataclass
@@ -358,10 +194,8 @@ def main() -> int:
     args = ap.parse_args()
     print(f"load: {os.getloadavg()}", flush=True)
     tokenizer, model_dir = prepare(args.model_dir)
-    rng = random.Random(20)
-    system = "\n\n".join(PARAGRAPHS * 3)
-    targets = [rng.randint(args.min_tokens, args.max_tokens) for _ in range(args.sessions)]
-    base = [history(tokenizer, rng, system, n, i) for i, n in enumerate(targets)]
+    base = transcripts(tokenizer, args.sessions, args.min_tokens, args.max_tokens)
+    targets = [s.target for s in base]
     mean_tokens = statistics.mean(targets)
     budget_mb = int(args.ram_sessions * mean_tokens * KV_BYTES_PER_TOKEN * 1.05 / (1 << 20))
     context = args.max_tokens + 4096
@@ -408,7 +242,7 @@ def main() -> int:
                 kv8_info = status(url)
             runs.append(kv8)
         if "vllm-mlx" not in args.skip and args.vllm_mlx.exists():
-            with vllm_mlx(args.vllm_mlx, model_dir, work / "ssd", budget_mb) as url:
+            with vllm_mlx_ssd(args.vllm_mlx, model_dir, work / "ssd", budget_mb) as url:
                 runs.append(workload(url, model_dir, base, args, "vllm-mlx"))
         elif "vllm-mlx" not in args.skip:
             print(f"vllm-mlx not found at {args.vllm_mlx}: skipped")

@@ -31,10 +31,11 @@ import httpx
 import kmock
 import yaml
 from aiohttp import web
+from harness.processes import cpu_seconds, rss_mib
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from kubeemu import RESOURCES, Emulator  # noqa: E402
+from support.kubeemu import RESOURCES, Emulator  # noqa: E402
 
 API = "/apis/warmfleet.io/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -283,18 +284,6 @@ def kubeconfig_for(url: str) -> dict[str, Any]:
         "users": [{"name": "bench", "user": {}}],
         "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 if __name__ == "__main__":

@@ -13,15 +13,15 @@ prompt-length bucket and how many requests each bucket finished.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import threading
 import time
 from collections import defaultdict
 
-from engine_vs_mlx_lm import QUESTIONS, free_port, started, stream, system_prompt
-from warm_start import warmfleet
+from harness.client import stream
+from harness.warmfleet import serve
+from harness.workloads import QUESTIONS, system_prompt
 
 CLIENTS = [("short", 150)] * 12 + [("long", 2400)] * 4
 
@@ -39,8 +39,7 @@ def run(aging: int, seconds: float, tokenizer: object) -> dict[str, list[float]]
     }
     ttfts: dict[str, list[float]] = defaultdict(list)
     lock = threading.Lock()
-    cmd = warmfleet(free_port(), "--prefill-aging-picks", str(aging), "--log-level", "warning")
-    with started(cmd, "default", "/readyz", {**os.environ}) as s:
+    with serve("--prefill-aging-picks", str(aging), "--log-level", "warning") as s:
         stop_at = time.perf_counter() + seconds
 
         def client(n: int, kind: str) -> None:

@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from router_overhead import BIN, free_port, start
+from harness.processes import free_port, launch, rss_mib, tmp_log
+from harness.warmfleet import router
 
 CASES = (
     "endless-chat-body",
@@ -107,13 +105,6 @@ def serve(case: str, port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def load(url: str, case: str, seconds: float) -> int:
     import aiohttp
 
@@ -151,37 +142,33 @@ def main() -> int:
     if args.serve:
         serve(args.serve[0], int(args.serve[1]))
         return 0
-    cpus = os.sched_getaffinity(0)
     rows = []
     for case in args.cases.split(","):
-        backend_port, router_port = free_port(), free_port()
-        serve_cmd = [sys.executable, __file__, "--serve", case, str(backend_port)]
-        backend = start(f"bounds-{case}", serve_cmd, backend_port, cpus, "/readyz")
-        router = start(
-            f"bounds-router-{case}",
-            [*BIN, "router", "--backend", backend.url, "--port", str(router_port),
-             "--log-level", "error"],
-            router_port, cpus, "/healthz",
-        )  # fmt: skip
+        port = free_port()
+        serve_cmd = [sys.executable, __file__, "--serve", case, str(port)]
+        log = tmp_log(f"router-bounds-{case}")
+        backend = launch(serve_cmd, port, name=f"bounds-{case}", log=log, poll=0.2)
+        log = tmp_log(f"router-bounds-router-{case}")
+        front = router([backend.url], "--log-level", "error", ready="/healthz", log=log, poll=0.2)
         try:
             time.sleep(3)
-            idle = rss_mb(router.process.pid)
+            idle = rss_mib(front.process.pid)
             peak = idle
             loop = asyncio.new_event_loop()
-            task = loop.create_task(load(router.url, case, args.seconds))
+            task = loop.create_task(load(front.url, case, args.seconds))
             while not task.done():
                 loop.run_until_complete(asyncio.sleep(0.25))
-                peak = max(peak, rss_mb(router.process.pid))
+                peak = max(peak, rss_mib(front.process.pid))
             sent = task.result()
             loop.close()
-            end = rss_mb(router.process.pid)
+            end = rss_mib(front.process.pid)
             row = {"case": case, "idle_mb": idle, "peak_mb": peak, "end_mb": end,
                    "above_idle_mb": peak - idle, "requests": sent}  # fmt: skip
             rows.append(row)
             print(f"{case:20} idle {idle:6.0f} MB  peak {peak:6.0f} MB  (+{peak - idle:4.0f})  "
                   f"after {end:6.0f} MB  requests sent {sent}", flush=True)  # fmt: skip
         finally:
-            router.stop()
+            front.stop()
             backend.stop()
     worst = max(r["above_idle_mb"] for r in rows)
     print(f"\nworst: +{worst:.0f} MB above idle (documented bound: 256 MB): "

@@ -28,20 +28,18 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from harness.processes import Proc, cpu_seconds, free_port, launch, tmp_log
+from harness.warmfleet import router as warmfleet_router
+from harness.warmfleet import serve
 
-BIN = [sys.executable, "-m", "warmfleet_cli"]
 TARGETS = {  # the issue's (#23)
     "added_p50_1k_c1_ms": 2.0,
     "added_p99_share_c16_c128": 0.10,
@@ -50,46 +48,9 @@ TARGETS = {  # the issue's (#23)
 WORDS = ("alert", "deploy", "latency", "runbook", "owner", "quota", "region", "shard")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    name: str
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start(name: str, cmd: list[str], port: int, cpus: set[int], ready: str) -> Proc:
-    log = open(Path(tempfile.gettempdir()) / f"router-overhead-{name}.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.sched_setaffinity(0, cpus)
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited: {Path(log.name).read_text(errors='replace')}")
-        try:
-            if httpx.get(f"{url}{ready}", timeout=2).status_code == 200:
-                return Proc(name, url, process)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"{name} not ready")
+def kept(name: str, cpus: set[int]) -> dict[str, Any]:
+    """launch()'s options here: these CPUs, the output kept in router-overhead-NAME.log."""
+    return {"name": name, "cpus": cpus, "log": tmp_log(f"router-overhead-{name}"), "poll": 0.2}
 
 
 # -- the fake instant backend ------------------------------------------------------------
@@ -233,26 +194,6 @@ def requests_for(concurrency: int, scale: float) -> int:
     return max(concurrency * 4, int({1: 200, 16: 800, 128: 2000}[concurrency] * scale))
 
 
-def cpu_of(pid: int) -> float:
-    """CPU seconds of a process and its children so far (Linux)."""
-    total = 0.0
-    for p in [pid, *children(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def children(pid: int) -> list[int]:
-    try:
-        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [int(c) for c in found] + [g for c in found for g in children(int(c))]
-
-
 # -- main ------------------------------------------------------------------------------
 
 
@@ -292,26 +233,10 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         tiny = [
-            start(
-                f"daemon-{i}",
-                [
-                    *BIN,
-                    "serve",
-                    "--model",
-                    "tiny-random",
-                    "--block-size",
-                    "32",
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                ],
-                port,
-                others,
-                "/readyz",
-            )
-            for i, port in enumerate([free_port(), free_port()])
-        ]
+            serve("--block-size", "32", "--log-level", "warning", model="tiny-random",
+                  **kept(f"daemon-{i}", others))
+            for i in range(2)
+        ]  # fmt: skip
         procs += tiny
         layout_file = str(Path(tempfile.gettempdir()) / "router-overhead-layout.json")
         Path(layout_file).write_bytes(
@@ -322,15 +247,10 @@ def main() -> int:
             if kind == "instant":
                 ports = [free_port(), free_port()]
                 backends = [
-                    start(
-                        f"fake-{port}",
-                        [sys.executable, __file__, "--fake-backend", str(port), layout_file],
-                        port,
-                        others,
-                        "/readyz",
-                    )
+                    launch([sys.executable, __file__, "--fake-backend", str(port), layout_file],
+                           port, **kept(f"fake-{port}", others))
                     for port in ports
-                ]
+                ]  # fmt: skip
                 procs += backends
             else:
                 backends = tiny
@@ -341,20 +261,19 @@ def main() -> int:
             if args.peer == "warmfleet":
                 routers["warmfleet-peer"] = ["prefix"]
             for router_name in routers:
-                port = free_port()
+                options = kept(f"router-{router_name}", router_cpus)
                 if router_name.startswith("warmfleet"):
                     python = args.peer_python if router_name == "warmfleet-peer" else sys.executable
-                    cmd = [python, "-m", "warmfleet_cli", "router",
-                           *(a for u in urls for a in ("--backend", u)),
-                           "--port", str(port), "--log-level", "warning",
-                           "--key-workers", str(args.key_workers)]  # fmt: skip
-                    ready = "/readyz"
+                    workers = ["--key-workers", str(args.key_workers)]
+                    router = warmfleet_router(
+                        urls, "--log-level", "warning", *workers, python=python, **options
+                    )
                 else:
+                    port = free_port()
                     cmd = [args.peer_python, "-m", "sglang_router.launch_router",
                            "--worker-urls", *urls, "--policy", "cache_aware", "--port", str(port),
                            "--health-check-endpoint", "/readyz", "--log-level", "warn"]  # fmt: skip
-                    ready = "/v1/models"
-                router = start(f"router-{router_name}", cmd, port, router_cpus, ready)
+                    router = launch(cmd, port, "/v1/models", **options)
                 time.sleep(2.0)  # layouts loaded, first health checks done
                 try:
                     for size in sizes:
@@ -369,9 +288,9 @@ def main() -> int:
                             asyncio.run(drive([router.url], prompts[size], c, min(count, 20)))
                             for _ in range(args.repeats):
                                 direct = asyncio.run(drive(urls, prompts[size], c, count))
-                                cpu = cpu_of(router.process.pid)
+                                cpu = cpu_seconds(router.process.pid)
                                 via = asyncio.run(drive([router.url], prompts[size], c, count))
-                                cpu = cpu_of(router.process.pid) - cpu
+                                cpu = cpu_seconds(router.process.pid) - cpu
                                 runs.append((direct, via, cpu / max(1, count)))
                             row = summarize(kind, router_name, size, c, count, runs)
                             rows.append(row)

@@ -40,20 +40,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
-from engine_vs_mlx_lm import (
-    QUESTIONS,
-    THREAD_TIMEOUT,
-    VENV_BIN,
-    arguments,
-    free_port,
-    openblas,
-    prepare,
-    started,
-    stream,
-    system_prompt,
-)
+from harness.client import stream
+from harness.peers import arguments, mlx_lm_server, prepare
+from harness.processes import Proc
+from harness.warmfleet import serve, wait_warm
+from harness.workloads import QUESTIONS, system_prompt
 
 PEER_WARM_UP_S = 12.0  # the best peer's start-up warm-up of 1.6k tokens on this machine
 WARM_UP_LINE = re.compile(r"Warm-up done \(strict-prefix\).*?(\d+) prompt tokens in ([\d.]+)s")
@@ -83,21 +77,14 @@ def logged_at(log: str, pattern: re.Pattern[str], since: float) -> tuple[re.Matc
     raise AssertionError(f"no log line matches {pattern.pattern}:\n{log}")
 
 
-def warmfleet(port: int, *extra: str) -> list[str]:
-    return [str(VENV_BIN / "warmfleet"), "serve", "--model", "default", "--port", str(port), *extra]
-
-
 def measure(repeat: int, tokenizer: object, model_dir: str, tokens: int, f: Figures) -> None:
     system = {"role": "system", "content": system_prompt(tokenizer, tokens, f"start-{repeat}")}
     first = [system, {"role": "user", "content": QUESTIONS[repeat % len(QUESTIONS)]}]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as warm_file:
         json.dump([{"name": "agent", "messages": [system]}], warm_file)
-    env = {**os.environ}
 
-    cmd = warmfleet(free_port(), "--warm-prompts", warm_file.name, "--log-level", "info")
-    with started(cmd, "default", "/readyz", env) as s:
-        while httpx.get(f"{s.url}/readyz", params={"warm": 1}).status_code != 200:
-            time.sleep(0.5)
+    with serve("--warm-prompts", warm_file.name, "--log-level", "info") as s:
+        wait_warm(s.url)
         log = s.log.read_text()
         f.port_open.append(s.port_open_s)
         f.loaded.append(logged_at(log, MODEL_READY_LINE, s.started_at)[1])
@@ -110,15 +97,10 @@ def measure(repeat: int, tokenizer: object, model_dir: str, tokens: int, f: Figu
         f.cached_warm.append(result.cached_tokens)
     os.unlink(warm_file.name)
 
-    with started(warmfleet(free_port(), "--log-level", "warning"), "default", "/readyz", env) as s:
+    with serve("--log-level", "warning") as s:
         f.ttft_cold.append(stream(s.url, s.model, first, 8).ttft_s)
 
-    blas = openblas()
-    if blas:
-        env["LD_PRELOAD"] = blas  # the same BLAS as warmfleet loads itself
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # as warmfleet sets it
-    cmd = [str(VENV_BIN / "mlx_lm.server"), "--model", model_dir, "--port", str(free_port())]
-    with started([*cmd, "--log-level", "WARNING"], model_dir, "/health", env) as s:
+    with mlx_lm_server(model_dir) as s:  # the same BLAS as warmfleet loads itself
         f.ttft_mlx.append(stream(s.url, s.model, first, 8).ttft_s)
 
 
@@ -133,26 +115,21 @@ class KVFigures:
     disk_bytes: list[int] = field(default_factory=list)
     later_ttft: dict[str, list[float]] = field(default_factory=dict)  # 2nd-4th requests
 
-    def add(self, kind: str, s: object, first: list[dict], tokens: int) -> None:
-        log = s.log.read_text()  # type: ignore[attr-defined]
-        done, at = logged_at(log, WARM_UP_LINE, s.started_at)  # type: ignore[attr-defined]
+    def add(self, kind: str, s: Proc, first: list[dict[str, Any]], tokens: int) -> None:
+        log = s.log.read_text()
+        done, at = logged_at(log, WARM_UP_LINE, s.started_at)
         assert int(done.group(1)) == tokens, log
         self.warm.setdefault(kind, []).append(at)
         self.warm_up.setdefault(kind, []).append(float(done.group(2)))
-        result = stream(s.url, s.model, first, 8)  # type: ignore[attr-defined]
+        result = stream(s.url, s.model, first, 8)
         self.ttft.setdefault(kind, []).append(result.ttft_s)
         self.cached.setdefault(kind, []).append(result.cached_tokens)
         # Then warm hits on the same daemon (other questions): the spread to compare with.
         for i in range(1, 4):
             question = f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"
             later = [first[0], {"role": "user", "content": question}]
-            hit = stream(s.url, s.model, later, 8)  # type: ignore[attr-defined]
+            hit = stream(s.url, s.model, later, 8)
             self.later_ttft.setdefault(kind, []).append(hit.ttft_s)
-
-
-def wait_warm(url: str) -> None:
-    while httpx.get(f"{url}/readyz", params={"warm": 1}).status_code != 200:
-        time.sleep(0.5)  # gently: polling takes CPU from the engine on 2 cores
 
 
 def measure_kv(repeat: int, tokenizer: object, tokens: int, f: KVFigures) -> None:
@@ -161,11 +138,9 @@ def measure_kv(repeat: int, tokenizer: object, tokens: int, f: KVFigures) -> Non
     work = Path(tempfile.mkdtemp(prefix="warmfleet-kv-bench-"))
     warm_file, state = work / "warm.json", work / "state"
     warm_file.write_text(json.dumps([{"name": "agent", "messages": [system]}]))
-    env = {**os.environ}
     base = ("--warm-prompts", str(warm_file), "--log-level", "info")
     try:
-        cmd = warmfleet(free_port(), *base, "--state-dir", str(state))
-        with started(cmd, "default", "/readyz", env) as first_daemon:
+        with serve(*base, "--state-dir", str(state)) as first_daemon:
             wait_warm(first_daemon.url)
             warm_set = httpx.get(f"{first_daemon.url}/v1/warm-sets/local/warm-prompts").json()
             prompt_tokens = warm_set["prompts"][0]["tokens"]
@@ -182,13 +157,11 @@ def measure_kv(repeat: int, tokenizer: object, tokens: int, f: KVFigures) -> Non
             f.disk_bytes.append(kv["snapshots"]["bytes"])
             # The peer first (it needs the first daemon up), then the first daemon's own
             # first request: a warm hit, the TTFT to match.
-            cmd = warmfleet(free_port(), *base, "--warm-from", first_daemon.url)
-            with started(cmd, "default", "/readyz", env) as peer:
+            with serve(*base, "--warm-from", first_daemon.url) as peer:
                 wait_warm(peer.url)
                 f.add("peer", peer, first, prompt_tokens)
             f.add("prefill", first_daemon, first, prompt_tokens)
-        cmd = warmfleet(free_port(), *base, "--state-dir", str(state))
-        with started(cmd, "default", "/readyz", env) as again:
+        with serve(*base, "--state-dir", str(state)) as again:
             wait_warm(again.url)
             f.add("restart", again, first, prompt_tokens)
     finally:
