@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from warmfleet_common.agent_apis.anthropic import MessagesPrefix
 from warmfleet_common.agent_apis.chat import ChatOptions, ChatPrompt
 from warmfleet_common.agent_apis.responses import ResponsesPrefix
+from warmfleet_common.agent_apis.shapes import SHAPES, ApiName
 from warmfleet_common.grants import GRANT_PATTERN
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -133,19 +134,22 @@ class WarmPrompt(BaseModel):
 
     @model_validator(mode="after")
     def _one_shape(self) -> WarmPrompt:
-        given = [k for k in ("messages", "anthropic", "responses") if getattr(self, k) is not None]
+        fields = [s.prompt_field for s in SHAPES.values()]
+        given = [k for k in fields if getattr(self, k) is not None]
         if len(given) != 1:
+            shapes = [f"{s.prompt_field} ({s.title})" for s in SHAPES.values()]
             raise ValueError(
-                "give exactly one of messages (chat completions), anthropic (the Messages "
-                f"API) and responses (the Responses API); got {', '.join(given) or 'none'}"
+                f"give exactly one of {', '.join(shapes[:-1])} and {shapes[-1]}; "
+                f"got {', '.join(given) or 'none'}"
             )
         if self.tools is not None and self.messages is None:
             raise ValueError(f"tools belong inside {given[0]} (in that API's tool shape)")
         return self
 
     @property
-    def api(self) -> Literal["chat", "anthropic", "responses"]:
-        return "anthropic" if self.anthropic else "responses" if self.responses else "chat"
+    def api(self) -> ApiName:
+        """The shape it is written in (exactly one field holds it)."""
+        return next(s.name for s in SHAPES.values() if getattr(self, s.prompt_field) is not None)
 
     def chat(self) -> tuple[ChatPrompt, ChatOptions]:
         """The chat messages and tools the template renders, and the template switches:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from warmfleet_common.agent_apis.shapes import SHAPES
 from warmfleet_common.contract import PEER_URL, PromptState, WarmSetSpec, WarmSetStatus
 from warmfleet_common.crd import Node, SetKey
 from warmfleet_operator.objects import InvalidSpec, Observation, Push, Remove
@@ -66,9 +67,9 @@ def select_nodes(
 # -- the desired state ----------------------------------------------------------------
 
 
-# A prompt's ConfigMap references: the field naming the key -> the field its content
-# fills (a list of chat messages, or an agent API's prompt object).
-SOURCES = {"messagesFrom": "messages", "anthropicFrom": "anthropic", "responsesFrom": "responses"}
+# A prompt's ConfigMap references, one per API shape: the field naming the key -> the
+# field its content fills (a list of chat messages, or an agent API's prompt object).
+SOURCES = {s.configmap_field: s.prompt_field for s in SHAPES.values()}
 
 
 def referenced_configmaps(spec: Mapping[str, Any]) -> set[str]:

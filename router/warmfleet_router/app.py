@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from warmfleet_common import __version__, bounded
+from warmfleet_common.agent_apis.shapes import ApiName
 from warmfleet_common.errors import AnthropicErrorResponse, ErrorResponse
 from warmfleet_common.heap import freeze_heap
 from warmfleet_router.discovery import Source
@@ -33,7 +34,7 @@ from warmfleet_router.fleet import Fleet
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
 from warmfleet_router.proxy import forward
-from warmfleet_router.routes import BODIES, ROUTES, ErrorShape, ProxiedRoute
+from warmfleet_router.routes import BODIES, ROUTES, ProxiedRoute
 from warmfleet_router.status import status_detail, status_summary
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _proxied_answers(route: ProxiedRoute) -> dict[int, dict[str, Any]]:
-    shape = AnthropicErrorResponse if route.errors == "anthropic" else ErrorResponse
+    shape = AnthropicErrorResponse if route.api == "anthropic" else ErrorResponse
     error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.__name__}"}}}
     answers: dict[int, dict[str, Any]] = {
         200: {
@@ -83,7 +84,7 @@ class RouterApp(FastAPI):
     middleware stack and route matching around a body the router does not parse cost
     a fifth of its CPU per request. Everything else (documents, errors) is FastAPI's."""
 
-    proxied: dict[str, tuple[Callable[[Request], Awaitable[Response]], ErrorShape]]
+    proxied: dict[str, tuple[Callable[[Request], Awaitable[Response]], ApiName]]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.proxied.get(scope["path"]) if scope["type"] == "http" else None
@@ -158,7 +159,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     async def proxied(request: Request, route: ProxiedRoute) -> Response:
         too_large = error_response(
             413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
-            "invalid_request_error", shape=route.errors,
+            "invalid_request_error", shape=route.api,
         )  # fmt: skip
         declared = request.headers.get("content-length") or ""
         if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
@@ -185,7 +186,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
             await asyncio.gather(work, gone, return_exceptions=True)
         if work.cancelled():
             return error_response(
-                499, "the client closed the request", "client_closed", shape=route.errors
+                499, "the client closed the request", "client_closed", shape=route.api
             )
         return work.result()
 
@@ -195,7 +196,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
 
         # Served by RouterApp itself; a plain Starlette route too (other methods get the
         # usual 405), and the document is written below.
-        app.proxied[route.path] = (endpoint, route.errors)
+        app.proxied[route.path] = (endpoint, route.api)
         app.router.routes.append(Route(route.path, endpoint, methods=["POST"], name=route.name))
         body = {"$ref": f"#/components/schemas/{BODIES[route.name].__name__}"}
         proxied_paths[route.path] = {

@@ -1,6 +1,7 @@
 """The router's errors in the shape of each route's API (the daemons' own: OpenAI's, or
 Anthropic's on the Messages API), and the HTTP status of each domain error: the policy
-says why no backend can take a request, this says what the client is answered."""
+says why no backend can take a request, this says what the client is answered. A
+route's API is one of `warmfleet_common.agent_apis.shapes`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from warmfleet_common.agent_apis.shapes import ApiName
 from warmfleet_common.errors import anthropic_error_body, anthropic_type, openai_error_body
 from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
 from warmfleet_router.prepare import Invalid
-from warmfleet_router.routes import ErrorShape
 
 # kind -> (status, code, type, param)
 _ROUTING: dict[type[RoutingError], tuple[int, str, str, str | None]] = {
@@ -27,7 +28,7 @@ def error_body(
     type_: str = "service_unavailable",
     param: str | None = None,
     *,
-    shape: ErrorShape = "openai",
+    shape: ApiName = "chat",
     status: int = 500,
 ) -> dict[str, Any]:
     """The body in the shape of the route's API (Anthropic's types follow the status)."""
@@ -44,13 +45,13 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
     *,
-    shape: ErrorShape = "openai",
+    shape: ApiName = "chat",
 ) -> JSONResponse:
     body = error_body(message, code, type_, param, shape=shape, status=status)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def stream_error(message: str, code: str, shape: ErrorShape) -> bytes:
+def stream_error(message: str, code: str, shape: ApiName) -> bytes:
     """The event that ends a stream the backend cut or timed out, in the route's API:
     chat's `data:` line, Anthropic's `error` event, the Responses API's `error` event."""
     if shape == "anthropic":
@@ -62,14 +63,14 @@ def stream_error(message: str, code: str, shape: ErrorShape) -> bytes:
     return b"data: " + json.dumps(error_body(message, code)).encode() + b"\n\n"
 
 
-def routing_error(exc: RoutingError, shape: ErrorShape = "openai") -> JSONResponse:
+def routing_error(exc: RoutingError, shape: ApiName = "chat") -> JSONResponse:
     status, code, type_, param = next(
         v for kind, v in _ROUTING.items() if isinstance(exc, kind)
     )  # fmt: skip
     return error_response(status, str(exc), code, type_, param, shape=shape)
 
 
-def invalid_request(invalid: Invalid, shape: ErrorShape = "openai") -> JSONResponse:
+def invalid_request(invalid: Invalid, shape: ApiName = "chat") -> JSONResponse:
     """What a daemon answers a request it refuses (the router refuses it first when it
     cannot even key it, or when it is larger than every backend's context)."""
     return error_response(

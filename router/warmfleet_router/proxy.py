@@ -71,9 +71,9 @@ async def forward(
     try:
         plan = await fleet.planner.plan(route, raw, headers)
     except RoutingError as exc:
-        return routing_error(exc, route.errors)
+        return routing_error(exc, route.api)
     except RequestInvalid as exc:
-        return invalid_request(exc.invalid, route.errors)
+        return invalid_request(exc.invalid, route.api)
     # A client never names a spill peer: only the router does, signed (see _spill_headers).
     upstream_headers = {
         k: v
@@ -99,7 +99,7 @@ async def forward(
             errors.append(f"{name}: {exc}")
             log.warning("backend %s failed before the first byte: %s", name, exc)
     message = "every backend tried failed: " + "; ".join(errors)
-    return error_response(502, message, "backend_failed", shape=route.errors)
+    return error_response(502, message, "backend_failed", shape=route.api)
 
 
 def _spill_headers(fleet: Fleet, plan: Plan, backend: Backend) -> dict[str, str]:
@@ -177,7 +177,7 @@ async def _exchange(
         except TimeoutError as exc:
             finish("timeout", None, None)
             message = f"the backend {backend.name} did not answer within the request timeout"
-            answer = error_response(504, message, "backend_timeout", shape=route.errors)
+            answer = error_response(504, message, "backend_timeout", shape=route.api)
             raise _Answered(answer) from exc
 
     request = fleet.client.build_request(
@@ -282,7 +282,7 @@ async def _relay(
                     )
                     message = f"the backend {backend.name} failed mid-stream: {type(exc).__name__}"
                 code = "backend_timeout" if timed_out else "backend_stream_cut"
-                yield stream_error(message, code, route.errors)
+                yield stream_error(message, code, route.api)
                 return
             outcome = "ok"
         finally:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from warmfleet_common.agent_apis.anthropic import CountTokensRequest, MessagesRequest
 from warmfleet_common.agent_apis.responses import ResponsesRequest
+from warmfleet_common.agent_apis.shapes import ApiName
 from warmfleet_common.contract import ChatMessage, ToolDefinition
 from warmfleet_common.tiers import TierTokens
 from warmfleet_router.keys import (
@@ -46,9 +47,6 @@ def _with_tiers(usage: Usage, document: Mapping[str, Any]) -> Usage:
     return usage if tiers is None else replace(usage, tiers=tiers)
 
 
-ErrorShape = Literal["openai", "anthropic", "responses"]
-
-
 @dataclass(frozen=True)
 class ProxiedRoute:
     path: str
@@ -61,8 +59,9 @@ class ProxiedRoute:
     # Whether a stream event (a JSON object) carries output: until one does, a failure
     # is still retried elsewhere.
     carries_output: Callable[[Mapping[str, Any]], bool]
-    # The API whose error shape the router's own errors take on this route.
-    errors: ErrorShape = "openai"
+    # The API shape the route speaks (warmfleet_common.agent_apis.shapes): the router's
+    # own errors on it take that API's shape (completions: chat's, OpenAI's).
+    api: ApiName = "chat"
 
 
 def chat_prompt(body: Mapping[str, Any]) -> Prompt | None:
@@ -193,7 +192,7 @@ COMPLETION = ProxiedRoute(
     "/v1/completions", "completion", completion_prompt, openai_usage, openai_output
 )
 MESSAGES = ProxiedRoute(
-    "/v1/messages", "messages", anthropic_prompt, anthropic_usage, anthropic_output, "anthropic"
+    "/v1/messages", "messages", anthropic_prompt, anthropic_usage, anthropic_output, api="anthropic"
 )
 COUNT_TOKENS = ProxiedRoute(
     "/v1/messages/count_tokens",
@@ -201,10 +200,15 @@ COUNT_TOKENS = ProxiedRoute(
     anthropic_prompt,
     lambda _: None,
     lambda _: True,
-    "anthropic",
+    api="anthropic",
 )
 RESPONSES = ProxiedRoute(
-    "/v1/responses", "responses", responses_prompt, responses_usage, responses_output, "responses"
+    "/v1/responses",
+    "responses",
+    responses_prompt,
+    responses_usage,
+    responses_output,
+    api="responses",
 )
 ROUTES: tuple[ProxiedRoute, ...] = (CHAT, COMPLETION, MESSAGES, COUNT_TOKENS, RESPONSES)
 BY_NAME = {r.name: r for r in ROUTES}

@@ -11,14 +11,17 @@ import pytest
 
 from support.thinking import thinking_tokenizer
 from warmfleet_common.agent_apis.anthropic import MessagesRequest
+from warmfleet_common.agent_apis.shapes import SHAPES
 from warmfleet_common.cache_layout import export_layout
 from warmfleet_common.chunking import plan_chunks, root_key
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_common.tiers import TierTokens
 from warmfleet_router.keys import LayoutKeyer
 from warmfleet_router.routes import (
+    BY_NAME,
     MESSAGES,
     RESPONSES,
+    ROUTES,
     Usage,
     anthropic_output,
     anthropic_usage,
@@ -138,3 +141,12 @@ def test_agent_session_ids_are_session_keys() -> None:
     assert keys.of({}, values) == "thread-9"
     # Explicit affinity first.
     assert keys.of({"x-session-affinity": "a", "x-claude-code-session-id": "cc-1"}, ()) == "a"
+
+
+def test_every_api_shape_has_its_route_answering_in_its_shape() -> None:
+    by_path = {r.path: r for r in ROUTES}
+    for shape in SHAPES.values():
+        assert by_path[shape.path].api == shape.name
+    assert {r.api for r in ROUTES} == set(SHAPES)
+    assert BY_NAME["completion"].api == BY_NAME["chat"].api == "chat"  # OpenAI's errors
+    assert BY_NAME["count_tokens"].api == "anthropic"

@@ -31,23 +31,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from warmfleet_cli.warm_prompts import replies
-from warmfleet_common.agent_apis.prefix import Api, NothingToWarm, warm_prompt
+from warmfleet_common.agent_apis.prefix import NothingToWarm, warm_prompt
+from warmfleet_common.agent_apis.shapes import SHAPES, ApiName
 from warmfleet_common.contract import WarmPrompt
 
 log = logging.getLogger("warmfleet.capture")
 
 MAX_BODY_BYTES = 16 << 20  # Claude Code's first request is ~50 KB, Codex's ~40 KB
 BODY_TIMEOUT_S = 30.0
-ROUTES: dict[str, Api] = {
-    "/v1/chat/completions": "chat",
-    "/v1/messages": "anthropic",
-    "/v1/responses": "responses",
-}
+ROUTES: dict[str, ApiName] = {s.path: s.name for s in SHAPES.values()}  # one per API shape
 
 
 @dataclass(frozen=True)
 class Captured:
-    api: Api
+    api: ApiName
     path: str
     client: str  # the User-Agent, e.g. claude-cli/2.1.332 (external, sdk-cli)
     prompt: WarmPrompt
@@ -64,16 +61,14 @@ class _Refused(Exception):
         self.message = message
 
 
-def default_name(api: Api, user_agent: str) -> str:
+def default_name(api: ApiName, user_agent: str) -> str:
     """The agent's name where its User-Agent says it, else the API's."""
     agent = user_agent.lower()
     if agent.startswith("claude-cli/") or "claude-code" in agent:
         return "claude-code"
     if agent.startswith("codex"):
         return "codex"
-    return {"chat": "chat-agent", "anthropic": "anthropic-agent", "responses": "responses-agent"}[
-        api
-    ]
+    return f"{api}-agent"
 
 
 class CaptureServer:
@@ -155,7 +150,7 @@ class CaptureServer:
             self._done, self.result = True, captured
             return _reply(api, body, model, said, BackgroundTask(self.stop))
 
-    def _fail(self, api: Api, status: int, message: str) -> Response:
+    def _fail(self, api: ApiName, status: int, message: str) -> Response:
         self._done, self.failure = True, message
         return JSONResponse(
             replies.error(api, message), status_code=status, background=BackgroundTask(self.stop)
@@ -208,7 +203,7 @@ async def _elsewhere(request: Request) -> Response:
 
 
 def _reply(
-    api: Api, body: dict[str, Any], model: str, text: str, then: BackgroundTask | None = None
+    api: ApiName, body: dict[str, Any], model: str, text: str, then: BackgroundTask | None = None
 ) -> Response:
     if body.get("stream") is True:
         return StreamingResponse(

@@ -14,14 +14,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from warmfleet_common.agent_apis.prefix import Api
+from warmfleet_common.agent_apis.shapes import ApiName
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def reply(api: Api, model: str, text: str) -> dict[str, Any]:
+def reply(api: ApiName, model: str, text: str) -> dict[str, Any]:
     """A whole response carrying `text`."""
     if api == "anthropic":
         return _anthropic_message(model, text)
@@ -43,7 +43,7 @@ def reply(api: Api, model: str, text: str) -> dict[str, Any]:
     }
 
 
-def stream(api: Api, model: str, text: str) -> Iterator[bytes]:
+def stream(api: ApiName, model: str, text: str) -> Iterator[bytes]:
     """The same reply as the API's server-sent events."""
     if api == "anthropic":
         return _anthropic_events(model, text)
@@ -52,7 +52,7 @@ def stream(api: Api, model: str, text: str) -> Iterator[bytes]:
     return _chat_chunks(model, text)
 
 
-def error(api: Api, message: str) -> dict[str, Any]:
+def error(api: ApiName, message: str) -> dict[str, Any]:
     """An invalid-request error body in the API's shape."""
     if api == "anthropic":
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}

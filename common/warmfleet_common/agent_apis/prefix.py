@@ -20,19 +20,18 @@ billing header, `cache_control`, deferred tools, hosted tools and item ids are d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from warmfleet_common.agent_apis import anthropic, responses
+from warmfleet_common.agent_apis.shapes import ApiName
 from warmfleet_common.contract import ChatMessage, ToolDefinition, WarmPrompt
-
-Api = Literal["chat", "anthropic", "responses"]
 
 
 class NothingToWarm(ValueError):
     """The request has no static part (no system prompt, leading messages or tools)."""
 
 
-def warm_prompt(api: Api, body: Mapping[str, Any], name: str) -> WarmPrompt:
+def warm_prompt(api: ApiName, body: Mapping[str, Any], name: str) -> WarmPrompt:
     """The warm prompt of a request body of `api`. Raises ValueError (pydantic's
     ValidationError, or NothingToWarm) when the body cannot be read as that API's."""
     entry: dict[str, Any]
