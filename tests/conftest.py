@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator  # noqa: E402
 
 from support.engine import model  # noqa: E402
 from support.processes import Daemon, start_daemon  # noqa: E402
-from warmfleet_daemon.engine.core import Engine, EngineConfig  # noqa: E402
+from warmfleet_daemon.engine.core import Engine  # noqa: E402
+from warmfleet_daemon.engine.requests import EngineConfig  # noqa: E402
 from warmfleet_daemon.models.loader import LoadedModel  # noqa: E402
 
 

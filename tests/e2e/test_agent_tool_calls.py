@@ -29,7 +29,8 @@ from support.engine import model
 from support.processes import serving
 from support.scripted import NAME, Recorder, ScriptedModel
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.models.loader import LoadedModel
 from warmfleet_daemon.settings import DaemonSettings
 

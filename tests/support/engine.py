@@ -7,7 +7,8 @@ from warmfleet_daemon.support.blas import ensure_fast_blas
 ensure_fast_blas()
 
 from warmfleet_common.prompts import RenderedPrompt  # noqa: E402
-from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest  # noqa: E402
+from warmfleet_daemon.engine.core import Engine  # noqa: E402
+from warmfleet_daemon.engine.requests import Event, GenerationRequest  # noqa: E402
 from warmfleet_daemon.engine.sampling import SamplingParams  # noqa: E402
 from warmfleet_daemon.models.loader import LoadedModel, load_model  # noqa: E402
 

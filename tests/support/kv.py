@@ -43,6 +43,14 @@ def answer(engine: Engine, prompt: RenderedPrompt) -> tuple[list[int], int]:
     return tokens_of(events), events[-1].usage.cached_tokens
 
 
+def attached(transfer: KVTransfer) -> KVTransfer:
+    """`transfer` with its tiers (the disk, the peer copies) attached to its engine, as
+    the daemon's assembly attaches them."""
+    for tier in transfer.tiers:
+        transfer.engine.attach_tier(tier)
+    return transfer
+
+
 def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -> KVTransfer:
     transfer = KVTransfer(engine, state_dir=state_dir, snapshot_budget_bytes=budget)
     prefix, _ = prompts()

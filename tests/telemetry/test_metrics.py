@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.engine import model
 from support.promql import dashboard_queries, metric_names, rule_exprs
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 SYSTEM = {"role": "system", "content": "You are Relay, the messaging team's assistant. " * 10}

@@ -12,9 +12,10 @@ from contextlib import aclosing
 from typing import Any
 
 from warmfleet_common.errors import anthropic_error_body, anthropic_type
+from warmfleet_common.tiers import FASTEST, TierTokens
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.output import Piece, Splitter, merge
-from warmfleet_daemon.engine.core import Event, Usage
+from warmfleet_daemon.engine.requests import Event, Usage
 from warmfleet_daemon.runtime.assembly import Ready
 
 PING_EVERY_S = 5.0  # Anthropic clients wait for bytes; a long prefill sends pings
@@ -57,7 +58,8 @@ def estimated_usage(ready: Ready, request: gen.AgentRequest) -> dict[str, Any]:
     chunks = ready.engine.plan(request.prompt)
     held = ready.engine.cache.match(chunks).tokens if chunks else 0
     held = min(held, len(request.prompt.tokens) - 1)  # the last token is always computed
-    return usage(request, Usage(len(request.prompt.tokens), 0, max(held, 0)), served=False)
+    cached = TierTokens({FASTEST: max(held, 0)})  # not served: every tier is counted at the end
+    return usage(request, Usage(len(request.prompt.tokens), 0, cached), served=False)
 
 
 def block_of(piece: Piece, thinking_shown: bool) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from warmfleet_daemon.api.schemas import (
     ToolCall,
     TopLogprob,
 )
-from warmfleet_daemon.engine.core import Event
 from warmfleet_daemon.engine.processors import TokenLogprob
+from warmfleet_daemon.engine.requests import Event
 
 TokenBytes = Callable[[int], bytes]
 ParserFactory = Callable[[], Splitter]

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from warmfleet_common.agent_apis.chat import TOOLS, TTL_SECONDS, ChatOptions, ChatPrompt
 from warmfleet_common.contract import ToolDefinition
 from warmfleet_common.prompts import PromptError, PromptTooLong, RenderedPrompt
+from warmfleet_common.tiers import Tier
 from warmfleet_daemon.api.channels import ChannelSplitter, writes_channels
 from warmfleet_daemon.api.constraints import output_constraints
 from warmfleet_daemon.api.errors import APIError, error_body
@@ -32,7 +33,6 @@ from warmfleet_daemon.api.output import (
     thinking_markers,
 )
 from warmfleet_daemon.api.schemas import (
-    CacheTiers,
     ChatCompletionRequest,
     CompletionRequest,
     JsonSchemaFormat,
@@ -43,8 +43,8 @@ from warmfleet_daemon.api.schemas import (
 )
 from warmfleet_daemon.api.spill import current_peer
 from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
-from warmfleet_daemon.engine.core import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.processors import TokenLogprob
+from warmfleet_daemon.engine.requests import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.runtime.assembly import Ready
 from warmfleet_daemon.settings import DaemonSettings
@@ -205,21 +205,20 @@ def copies(request: GenerationRequest, n: int) -> list[GenerationRequest]:
 
 
 def usage_info(usage: Usage | None) -> UsageInfo:
-    u = usage or Usage(0, 0, 0)
+    u = usage or Usage(0, 0)
     return UsageInfo(
         prompt_tokens=u.prompt_tokens,
         completion_tokens=u.completion_tokens,
         total_tokens=u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
-        cached_tokens_by_tier=CacheTiers(**tiers_of(u)),
+        cached_tokens_by_tier=tiers_of(u),
     )
 
 
-def tiers_of(usage: Usage) -> dict[str, int]:
+def tiers_of(usage: Usage) -> dict[Tier, int]:
     """`usage.cached_tokens_by_tier` (every API's usage carries it: the router counts
     served hits by tier from it)."""
-    ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
-    return {"ram": ram, "disk": usage.disk_tokens, "peer": usage.peer_tokens}
+    return usage.cached.as_dict()
 
 
 @dataclass
@@ -300,13 +299,9 @@ def total_usage(finals: Sequence[Event]) -> Usage:
     as the first choice found them."""
     usages = [e.usage for e in finals if e.usage is not None]
     if not usages:
-        return Usage(0, 0, 0)
+        return Usage(0, 0)
     return Usage(
-        usages[0].prompt_tokens,
-        sum(u.completion_tokens for u in usages),
-        usages[0].cached_tokens,
-        usages[0].disk_tokens,
-        usages[0].peer_tokens,
+        usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached
     )
 
 

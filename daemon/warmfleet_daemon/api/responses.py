@@ -16,7 +16,7 @@ from typing import Any
 from warmfleet_common.agent_apis.responses import NamedFunction, ResponsesRequest
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.output import Piece, merge
-from warmfleet_daemon.engine.core import Event, Usage
+from warmfleet_daemon.engine.requests import Event, Usage
 from warmfleet_daemon.runtime.assembly import Ready
 
 # While a long prompt is prefilled: a `keepalive` event, as OpenAI's own Responses API

@@ -21,7 +21,7 @@ from warmfleet_daemon.api.schemas import (
     ModelCard,
     ModelList,
 )
-from warmfleet_daemon.engine.core import Event
+from warmfleet_daemon.engine.requests import Event
 
 router = APIRouter(prefix="/v1", responses=errors(503))
 # A generation route: JSON, or server-sent events with `stream: true`.

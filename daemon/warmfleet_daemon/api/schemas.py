@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from warmfleet_common.contract import ChatMessage, ToolDefinition
+from warmfleet_common.tiers import Tier
 
 
 class StreamOptions(BaseModel):
@@ -141,22 +142,14 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
-class CacheTiers(BaseModel):
-    """A warmfleet extension to usage: the cached prompt tokens by the tier they came
-    from (restored from RAM, read back from the disk tier, or copied from a peer daemon
-    on a spill)."""
-
-    ram: int
-    disk: int
-    peer: int = 0
-
-
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
-    cached_tokens_by_tier: CacheTiers | None = None
+    # A warmfleet extension: the cached prompt tokens by the tier they came from
+    # (restored from RAM, read back from the disk tier, copied from a peer on a spill).
+    cached_tokens_by_tier: dict[Tier, int] | None = None
 
 
 class FunctionCall(BaseModel):

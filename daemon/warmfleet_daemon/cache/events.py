@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
+from warmfleet_common.tiers import Tier
 from warmfleet_common.wire import (
     BlockEvicted,
     BlockStored,
     CacheChange,
     CacheCleared,
     SnapshotBlock,
-    Tier,
 )
 from warmfleet_daemon.cache.prefix_cache import BlockView
 

@@ -4,19 +4,18 @@ The router weighs a RAM hit against a disk hit against a miss with these figures
 (`CacheLayout.costs`), so they come from the real code paths on the loaded model: a
 prefill chunk of `block_size` tokens through the model's forward (as the engine computes
 one), a restore of that block's KV into fresh caches (`kv.restore`, as a prefix hit is
-restored), and that block written in the disk tier's format in its directory and read
-back as the disk tier reads it. Each is timed up to _RUNS times within a small budget
-and the fastest kept; the first pass of each is untimed (a warm-up).
+restored), and that block read into RAM from each attached tier as the tier reads it
+(`CacheTier.read_seconds`: the disk writes it in its format in its directory and reads it
+back; a peer is not priced). Each is timed up to _RUNS times within a small budget and
+the fastest kept; the first pass of each is untimed (a warm-up).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -26,8 +25,6 @@ from warmfleet_common.tiers import Tier, TierCosts
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.kvtransfer.codec import BlockCodec
-from warmfleet_daemon.kvtransfer.disk_tier import SUFFIX
-from warmfleet_daemon.support.regular_files import descriptor_path, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +33,15 @@ _RUNS = 20  # timed runs of each path at most, fewer when the budget runs out
 
 
 def measure_tier_costs(
-    engine: Engine,
-    codec: BlockCodec,
-    disk_directory: Path | None,
-    budget_s: float = DEFAULT_BUDGET_S,
+    engine: Engine, codec: BlockCodec, budget_s: float = DEFAULT_BUDGET_S
 ) -> TierCosts:
-    """Call before the engine thread starts (it runs the model on this thread)."""
+    """Call before the engine thread starts (it runs the model on this thread), once the
+    tiers are attached: each tier is priced by its own `read_seconds`."""
     size = engine.config.block_size
     vocab = max(int(getattr(engine.loaded.tokenizer, "vocab_size", 0) or 0), 2)
     tokens = mx.array([[(17 + 31 * i) % vocab for i in range(size)]], dtype=mx.int32)
     chunk = Chunk(0, size, b"\0" * 16)
-    share = budget_s / (3 if disk_directory is not None else 2)
+    share = budget_s / (1 + len(engine.tiers))
     blocks: list[kv.BlockPayload] = []
 
     def fresh() -> list[Any]:
@@ -62,15 +57,14 @@ def measure_tier_costs(
         caches = kv.restore(blocks, fresh(), size)
         mx.eval(kv.cache_arrays(caches))
 
-    prefill_s = _fastest_time(prefill, share)
-    restore_s = _fastest_time(restore, share)
-    disk_s = None
-    if disk_directory is not None:
-        disk_s = _disk_read_time(codec, blocks[0], chunk, disk_directory, share)
+    prefill_s = fastest_time(prefill, share)
+    restore_s = fastest_time(restore, share)
+    hit_us: dict[Tier, float] = {}
+    for tier in engine.tiers:
+        read_s = tier.read_seconds(blocks[0], chunk, share)
+        if read_s is not None:  # a block read into RAM is then restored like a RAM one
+            hit_us[tier.name] = (read_s + restore_s) * 1e6 / size
     mx.clear_cache()
-    hit_us: dict[Tier, float] = {"ram": restore_s * 1e6 / size}
-    if disk_s is not None:
-        hit_us["disk"] = (disk_s + restore_s) * 1e6 / size
     costs = TierCosts(
         prefill_us_per_token=prefill_s * 1e6 / size,
         hit_us_per_token=hit_us,
@@ -87,7 +81,7 @@ def measure_tier_costs(
     return costs
 
 
-def _fastest_time(run: Callable[[], None], budget_s: float) -> float:
+def fastest_time(run: Callable[[], None], budget_s: float) -> float:
     """The fastest of up to _RUNS timed runs after a warm-up run, within `budget_s` (the
     warm-up alone when it took the whole budget: a large model on a slow machine). The
     fastest, not the median: other processes only ever slow a run down."""
@@ -103,41 +97,3 @@ def _fastest_time(run: Callable[[], None], budget_s: float) -> float:
         if time.perf_counter() - started >= budget_s:
             break
     return best
-
-
-def _disk_read_time(
-    codec: BlockCodec, payload: kv.BlockPayload, chunk: Chunk, directory: Path, budget_s: float
-) -> float | None:
-    """A block written as the disk tier writes one (a "." file: a restart deletes it if
-    we die meanwhile) and read back as it reads one; None if the directory refuses it
-    (the tier itself reports why)."""
-    path = directory / f".cost-probe-{os.getpid()}{SUFFIX}"
-    try:
-        codec.save(payload, chunk, str(path))
-        _drop_from_page_cache(path)
-
-        def read() -> None:
-            with open_regular(path, codec.max_block_bytes(chunk.size)) as fd:
-                codec.from_file(descriptor_path(fd, path), chunk)  # evaluated and checked
-            _drop_from_page_cache(path)
-
-        return _fastest_time(read, budget_s)
-    except Exception as exc:
-        log.warning("Could not measure the disk tier's read cost in %s: %s", directory, exc)
-        return None
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def _drop_from_page_cache(path: Path) -> None:
-    # A block read back was usually written long before: read it from the device where
-    # the OS lets us say so (Linux); macOS has no posix_fadvise.
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)

@@ -37,12 +37,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from warmfleet_common.chunking import BlockKey, Chunk
-from warmfleet_daemon.cache.prefix_cache import BlockView, PrefixCache
+from warmfleet_common.tiers import Tier
+from warmfleet_daemon.cache.prefix_cache import BlockSource, BlockView, PrefixCache
 from warmfleet_daemon.engine import kv
-from warmfleet_daemon.engine.core import wait_until_gone
+from warmfleet_daemon.engine.requests import GenerationRequest
+from warmfleet_daemon.engine.threads import wait_until_gone
+from warmfleet_daemon.engine.tiers import Prefetch
 from warmfleet_daemon.kvtransfer.codec import FORMAT, BlockCodec, BlockError
+from warmfleet_daemon.kvtransfer.context import TierContext
+from warmfleet_daemon.kvtransfer.costs import fastest_time
 from warmfleet_daemon.kvtransfer.disk_index import DiskEntry, DiskIndex
-from warmfleet_daemon.kvtransfer.prefetch import Prefetch
 from warmfleet_daemon.support.regular_files import (
     UnusableFile,
     check_regular,
@@ -129,8 +133,14 @@ class DiskTier:
 
     # -- what the engine asks ---------------------------------------------------------
 
+    name: Tier = "disk"
+
     def prefetch(
-        self, chunks: Sequence[Chunk], start: int, wake: Callable[[], None]
+        self,
+        request: GenerationRequest,
+        chunks: Sequence[Chunk],
+        start: int,
+        wake: Callable[[], None],
     ) -> Prefetch | None:
         """Start reading `chunks[start:]` that the disk holds, in order (no I/O here).
         None when the disk has not the next one."""
@@ -153,7 +163,13 @@ class DiskTier:
             self._lock.notify_all()
             return job
 
-    def store(self, chunk: Chunk, parent: BlockKey | None, payload: kv.BlockPayload) -> bool:
+    def store(
+        self,
+        chunk: Chunk,
+        parent: BlockKey | None,
+        payload: kv.BlockPayload,
+        source: BlockSource = "prefill",
+    ) -> bool:
         """Queue a block that RAM did not take because its parent had left RAM (for the
         disk, a chain may continue after its parent), if the disk holds the parent."""
         with self._lock:
@@ -161,6 +177,31 @@ class DiskTier:
                 return False
         view = BlockView(chunk.key, parent, chunk.start, chunk.end, payload, False)
         return self._offer(view)
+
+    def read_seconds(self, payload: kv.BlockPayload, chunk: Chunk, budget_s: float) -> float | None:
+        """A block written as this tier writes one (a "." file: a restart deletes it if we
+        die meanwhile) and read back as it reads one, from the device where the OS lets us
+        say so; None if the tier is off or the directory refuses it."""
+        if self.stats().state != "on":
+            return None
+        path = self.directory / f".cost-probe-{os.getpid()}{SUFFIX}"
+        try:
+            self.codec.save(payload, chunk, str(path))
+            _drop_from_page_cache(path)
+
+            def read() -> None:
+                with open_regular(path, self.codec.max_block_bytes(chunk.size)) as fd:
+                    self.codec.from_file(descriptor_path(fd, path), chunk)  # evaluated, checked
+                _drop_from_page_cache(path)
+
+            return fastest_time(read, budget_s)
+        except Exception as exc:
+            log.warning(
+                "Could not measure the disk tier's read cost in %s: %s", self.directory, exc
+            )
+            return None
+        finally:
+            path.unlink(missing_ok=True)
 
     def holds(self, key: BlockKey) -> bool:
         with self._lock:
@@ -521,3 +562,27 @@ def read_header(path: str | Path, max_bytes: int) -> tuple[dict[str, Any], set[s
     if 8 + length + max(ends, default=0) > size:
         raise BlockError("truncated (shorter than its header says)")
     return meta, {k for k in header if k != "__metadata__"}
+
+
+def build(context: TierContext) -> DiskTier | None:
+    """The disk tier, when `--cache-dir` and a disk budget are set."""
+    options = context.options
+    if options.cache_dir is None or options.cache_disk_budget_bytes <= 0:
+        return None
+    return DiskTier(
+        options.cache_dir, context.codec, options.cache_disk_budget_bytes, context.cache
+    )
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    # A block read back was usually written long before: read it from the device where
+    # the OS lets us say so (Linux); macOS has no posix_fadvise.
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -24,21 +24,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from warmfleet_common.chunking import Chunk
+from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.prompts import RenderedPrompt
-from warmfleet_common.tiers import TierCosts
-from warmfleet_daemon.cache.prefix_cache import PrefixCache
+from warmfleet_common.tiers import Tier, TierCosts
+from warmfleet_daemon.cache.prefix_cache import BlockSource, PrefixCache
 from warmfleet_daemon.engine import kv
-from warmfleet_daemon.engine.core import wait_until_gone
+from warmfleet_daemon.engine.requests import GenerationRequest
+from warmfleet_daemon.engine.threads import wait_until_gone
+from warmfleet_daemon.engine.tiers import Prefetch
+from warmfleet_daemon.kvtransfer.context import SpillMode, TierContext
 from warmfleet_daemon.kvtransfer.peers import BATCH, PeerClient
-from warmfleet_daemon.kvtransfer.prefetch import Prefetch
 
 log = logging.getLogger(__name__)
 
-SpillMode = Literal["auto", "always", "off"]
-SPILL_MODES: tuple[SpillMode, ...] = ("auto", "always", "off")
 
 # Before any copy from a peer: 50 MB/s and 5 ms per request, what a loaded gigabit link
 # or a good Wi-Fi gives; Thunderbolt and 10GbE do several times better, and the observed
@@ -121,19 +120,20 @@ class PeerSpill:
         self._running: dict[threading.Thread, Prefetch] = {}
         self._stopping = False
 
+    name: Tier = "peer"
+
     def prefetch(
         self,
-        prompt: RenderedPrompt,
+        request: GenerationRequest,
         chunks: Sequence[Chunk],
         start: int,
-        peer: str,
         wake: Callable[[], None],
-        grant: str | None = None,
     ) -> Prefetch | None:
-        """Start copying `chunks[start:]` from `peer` (presenting `grant`, if any) on a
-        thread of its own, if that is estimated faster than prefilling them. None:
-        prefill them."""
-        if self.mode == "off" or start >= len(chunks):
+        """Start copying `chunks[start:]` from the peer the request names (presenting its
+        grant, if any) on a thread of its own, if that is estimated faster than
+        prefilling them. None: prefill them (or the request names no peer)."""
+        peer, grant, prompt = request.peer, request.peer_grant, request.prompt
+        if peer is None or self.mode == "off" or start >= len(chunks):
             return None
         wanted = list(chunks[start:])
         tokens = sum(c.size for c in wanted)
@@ -157,7 +157,7 @@ class PeerSpill:
                 return None
             self._free -= 1
             self._copies += 1
-        job = Prefetch(wanted, chunks[start - 1].key if start else None)
+        job = Prefetch(wanted, chunks[start - 1].key if start else None, outlives_prompt=False)
         thread = threading.Thread(
             target=self._copy,
             args=(
@@ -177,6 +177,18 @@ class PeerSpill:
             self._running[thread] = job
         thread.start()
         return job
+
+    def store(
+        self,
+        chunk: Chunk,
+        parent: BlockKey | None,
+        payload: kv.BlockPayload,
+        source: BlockSource = "prefill",
+    ) -> bool:
+        return False  # a peer keeps its own blocks, not ours
+
+    def read_seconds(self, payload: kv.BlockPayload, chunk: Chunk, budget_s: float) -> float | None:
+        return None  # a copy's cost is the link's to each peer: `copy_is_faster` weighs it
 
     def _copy(
         self,
@@ -297,3 +309,15 @@ class PeerSpill:
         for thread, _ in running:
             thread.join(timeout=30)
             wait_until_gone(thread)  # it decoded blocks with mlx: see wait_until_gone
+
+
+def build(context: TierContext) -> PeerSpill:
+    """Always built (a request names a peer only when the router sends it one); its mode
+    decides whether it copies."""
+    options = context.options
+    return PeerSpill(
+        context.peers,
+        context.cache,
+        mode=options.spill,
+        deadline_s=options.spill_deadline_s,
+    )

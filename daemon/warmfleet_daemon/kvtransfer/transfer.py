@@ -1,6 +1,7 @@
-"""What the daemon holds for warm-without-prefill and spill: the fingerprint and codec,
-the snapshot store (with `--state-dir`), the disk tier, the peer client, the restorer and
-the spill copies."""
+"""What the daemon holds for warm-without-prefill and its cache tiers: the fingerprint
+and codec, the snapshot store (with `--state-dir`), the tiers beyond RAM (the registry's:
+the disk, the peer copies of a spill), the peer client and the restorer. It builds the
+tiers; the assembly attaches them to the engine."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ from typing import Any
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.tiers import TierCosts
 from warmfleet_common.wire import CachePullResult
-from warmfleet_daemon.cache.prefix_cache import InsertOutcome
-from warmfleet_daemon.engine.core import Engine, on_a_thread_of_its_own
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.threads import on_a_thread_of_its_own
+from warmfleet_daemon.engine.tiers import CacheTier
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, LayerLayout, probe_layout
+from warmfleet_daemon.kvtransfer.context import SpillMode, TierContext, TierOptions
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
 from warmfleet_daemon.kvtransfer.peers import PeerClient
+from warmfleet_daemon.kvtransfer.registry import build_tiers
 from warmfleet_daemon.kvtransfer.restorer import BlockRestorer
 from warmfleet_daemon.kvtransfer.snapshots import SnapshotStore
-from warmfleet_daemon.kvtransfer.spill import PeerSpill, SpillMode
+from warmfleet_daemon.kvtransfer.spill import PeerSpill
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,8 @@ class KVTransfer:
         costs: TierCosts | None = None,
     ) -> None:
         """Call before the engine thread starts (it probes the model). With `cache_dir`,
-        every block also goes to the disk tier there, and the engine reads it back."""
+        every block also goes to the disk tier there, and the engine reads it back once
+        `tiers` are attached to it."""
         self.engine = engine
         bits = engine.config.kv_bits
         self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size, bits)
@@ -55,17 +60,15 @@ class KVTransfer:
             if state_dir is not None and snapshot_budget_bytes > 0
             else None
         )
-        self.disk = (
-            DiskTier(cache_dir, self.codec, cache_disk_budget_bytes, engine.cache)
-            if cache_dir is not None and cache_disk_budget_bytes > 0
-            else None
-        )
-        engine.tier = self.disk
         self.peers = PeerClient(self.codec, token=peer_token)
-        self.spill = PeerSpill(
-            self.peers, engine.cache, costs, mode=spill, deadline_s=spill_deadline_s
+        options = TierOptions(cache_dir, cache_disk_budget_bytes, spill, spill_deadline_s)
+        # The tiers beyond RAM, fastest first, for the assembly to attach to the engine.
+        self.tiers: list[CacheTier] = build_tiers(
+            TierContext(engine.cache, self.codec, self.peers, options)
         )
-        engine.peers = self.spill
+        self.disk = next((t for t in self.tiers if isinstance(t, DiskTier)), None)
+        self.spill = next(t for t in self.tiers if isinstance(t, PeerSpill))
+        self.spill.costs = costs
         self.restorer = BlockRestorer(
             engine,
             snapshots=self.snapshots,
@@ -107,12 +110,11 @@ class KVTransfer:
             )
             for index, payload in fetched:
                 chunk = chunks[first + index]
-                kept = cache.insert(chunk, parent, payload, payload.nbytes, source="peer")
-                held = kept in (InsertOutcome.STORED, InsertOutcome.PRESENT) or (
-                    self.disk is not None and self.disk.store(chunk, parent, payload)
+                held = any(
+                    tier.store(chunk, parent, payload, source="peer") for tier in self.engine.tiers
                 )
                 if not held:
-                    break  # neither RAM nor disk takes it: the rest would hang off nothing
+                    break  # no tier takes it (RAM, the disk): the rest would hang off nothing
                 copied, tokens, nbytes = copied + 1, tokens + chunk.size, nbytes + payload.nbytes
                 parent = chunk.key
         seconds = time.monotonic() - started

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_common.tiers import TierCosts
 from warmfleet_daemon.cache.events import CacheEventLog
-from warmfleet_daemon.engine.core import Engine, EngineConfig, on_a_thread_of_its_own
+from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.kv import BlockPayload
+from warmfleet_daemon.engine.requests import EngineConfig
+from warmfleet_daemon.engine.threads import on_a_thread_of_its_own
 from warmfleet_daemon.kvtransfer.costs import measure_tier_costs
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.loader import LoadedModel, load_model
@@ -141,12 +143,12 @@ class DaemonState:
                     kind, e.key, e.parent, e.start, e.end, e.logits, "disk"
                 )
             )
+        for tier in transfer.tiers:  # the disk, the peer copies of a spill
+            engine.attach_tier(tier)
         # Measured before the engine's thread starts (the model is idle), on a thread of its
         # own that is gone before we go on (see on_a_thread_of_its_own).
-        disk = transfer.disk if transfer.disk and transfer.disk.stats().state == "on" else None
         costs = on_a_thread_of_its_own(
-            lambda: measure_tier_costs(engine, transfer.codec, disk.directory if disk else None),
-            "warmfleet-tier-costs",
+            lambda: measure_tier_costs(engine, transfer.codec), "warmfleet-tier-costs"
         )
         transfer.spill.costs = costs  # what a spill's copy is weighed against
         engine.start()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmfleet_daemon.divergence import Decode, DivergenceReport, PromptTokens, analyze
-from warmfleet_daemon.engine.core import Event, GenerationRequest
+from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.support.background import BackgroundThread
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from warmfleet_common import __version__, otel
-from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.spill import PeerSpill
 from warmfleet_daemon.warming.manager import WarmManager
@@ -301,10 +302,8 @@ class Telemetry(otel.Metrics):
         self._input.add(usage.prompt_tokens, tokens)
         self._output.add(usage.completion_tokens, tokens)
         self._cache_read.add(usage.cached_tokens, tokens)
-        ram = usage.cached_tokens - usage.disk_tokens - usage.peer_tokens
-        self._tier_hits.add(ram, {**self._base, "warmfleet.cache.tier": "ram"})
-        self._tier_hits.add(usage.disk_tokens, {**self._base, "warmfleet.cache.tier": "disk"})
-        self._tier_hits.add(usage.peer_tokens, {**self._base, "warmfleet.cache.tier": "peer"})
+        for tier, hit in usage.cached.items():
+            self._tier_hits.add(hit, {**self._base, "warmfleet.cache.tier": tier})
 
     def observe_warmup(self, namespace: str, name: str, state: str, seconds: float) -> None:
         self._warmup.record(

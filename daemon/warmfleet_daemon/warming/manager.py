@@ -31,7 +31,8 @@ from warmfleet_common.contract import (
     WarmSetStatus,
 )
 from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
-from warmfleet_daemon.engine.core import Engine, Event, GenerationRequest
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.support.background import BackgroundThread

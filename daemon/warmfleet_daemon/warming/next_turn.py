@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmfleet_common.prompts import PromptBuilder, PromptError
-from warmfleet_daemon.engine.core import Engine, EngineError, Event, GenerationRequest
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineError, Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)

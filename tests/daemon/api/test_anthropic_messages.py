@@ -20,7 +20,8 @@ from support.processes import Daemon, serving
 from support.scripted import scripted_engine, serve
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig, Event
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig, Event
 from warmfleet_daemon.settings import DaemonSettings
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -16,7 +16,8 @@ from support.engine import model
 from support.processes import serving
 from warmfleet_common.prompts import PromptBuilder, PromptCancelled, PromptTooLong
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 

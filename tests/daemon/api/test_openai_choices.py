@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from support.engine import model
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 MESSAGES = [

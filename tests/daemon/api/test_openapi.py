@@ -18,7 +18,8 @@ from schemathesis.specs.openapi.checks import (
 
 from support.engine import model
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 TOKEN = "schemathesis-token"

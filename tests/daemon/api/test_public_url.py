@@ -15,7 +15,8 @@ from support.engine import model
 from warmfleet_common.grants import GRANT_HEADER, issue_grant
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.cli import add_serve_arguments, settings_overrides
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 TOKEN = "node-a-s3cret"

@@ -19,7 +19,8 @@ from support.engine import model
 from support.processes import Daemon, serving
 from support.scripted import scripted_engine, serve
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 CALL = '<tool_call>\n{"name": "shell.exec", "arguments": {"cmd": "ls"}}\n</tool_call>'

@@ -14,7 +14,8 @@ from support.engine import model
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_common.wire import DaemonStatus
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 TOKEN = "status-s3cret"

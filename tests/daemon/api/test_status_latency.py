@@ -15,7 +15,8 @@ from support.engine import model
 from support.processes import serving
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig, Event, GenerationRequest, Usage
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig, Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.runtime import diagnostics as cache_diagnostics
 from warmfleet_daemon.settings import DaemonSettings
@@ -44,9 +45,7 @@ def fill_window(diagnostics: cache_diagnostics.CacheDiagnostics) -> None:
     for n in range(cache_diagnostics.WINDOW):
         tokens = (1, 2, 3, n + 10, *range(100 + n, 1600 + n))
         request = GenerationRequest(RenderedPrompt(tokens, (len(tokens) - 8,)), SamplingParams(4))
-        diagnostics.observe(
-            request, Event("", finish_reason="stop", usage=Usage(len(tokens), 4, 0))
-        )
+        diagnostics.observe(request, Event("", finish_reason="stop", usage=Usage(len(tokens), 4)))
 
 
 def stream(url: str, out: list[str]) -> None:

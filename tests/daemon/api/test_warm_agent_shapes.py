@@ -23,7 +23,8 @@ from warmfleet_common.agent_apis.prefix import warm_prompt
 from warmfleet_common.agent_apis.responses import ResponsesRequest
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_daemon.api.app import create_app
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.settings import DaemonSettings
 
 ASK = "Find the flaky test under ci/ and tell me why it fails."

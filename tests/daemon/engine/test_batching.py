@@ -9,7 +9,8 @@ import random
 import pytest
 
 from support.engine import greedy, request, run, tokens_of
-from warmfleet_daemon.engine.core import Engine, EngineConfig, Event
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig, Event
 from warmfleet_daemon.models.tiny import tiny_random_model
 
 VOCAB = (100, 49000)

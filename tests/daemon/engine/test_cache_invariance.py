@@ -65,8 +65,8 @@ def prefill_kv(engine: Engine, tokens: list[int], cuts: tuple[int, ...]) -> list
     """The KV arrays a request decodes from (engine internals: prefill only)."""
     engine.submit(request(tokens, cuts), lambda _: None)
     engine._take_inbox()
-    seq = engine._prefilling[-1]
-    while seq in engine._prefilling:
+    seq = engine.scheduler.prefilling[-1]
+    while seq in engine.scheduler.prefilling:
         engine._prefill_step(seq)
     if seq.caches is not None:
         arrays = [
@@ -75,9 +75,9 @@ def prefill_kv(engine: Engine, tokens: list[int], cuts: tuple[int, ...]) -> list
             for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
         ]
     else:  # admitted to the decode batch: its KV is that row's
-        assert engine._rows is not None
-        row = engine._decoding.index(seq)
-        arrays = [a for kv in engine._rows.row_kv(row) for a in kv]
+        assert engine.decoder.rows is not None
+        row = engine.decoder.decoding.index(seq)
+        arrays = [a for kv in engine.decoder.rows.row_kv(row) for a in kv]
     engine.cancel(seq.request.request_id)
     engine.run_until_idle()
     return arrays

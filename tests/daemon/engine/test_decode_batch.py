@@ -165,9 +165,9 @@ def test_sequences_spanning_several_key_blocks_decode_as_they_do_alone(spec, mak
 def test_an_idle_engine_releases_its_decode_buffers(tiny, make_engine) -> None:
     engine = make_engine(tiny)
     run(engine, request(prompt(random.Random(1), 20), sampling=greedy(5)))
-    assert engine._rows is not None and engine._rows.allocated_rows == 0
+    assert engine.decoder.rows is not None and engine.decoder.rows.allocated_rows == 0
 
 
 def test_the_decode_batch_is_used_on_the_cpu_for_plain_kv_models(tiny, make_engine) -> None:
-    assert isinstance(make_engine(tiny)._rows, decode_batch.DecodeBatch)
-    assert make_engine(model("tiny-random-gemma3"))._rows is None  # rotating caches
+    assert isinstance(make_engine(tiny).decoder.rows, decode_batch.DecodeBatch)
+    assert make_engine(model("tiny-random-gemma3")).decoder.rows is None  # rotating caches

@@ -162,7 +162,7 @@ def test_a_rows_logits_do_not_depend_on_its_batch_on_the_embedded_model() -> Non
 def test_other_architectures_keep_mlx_lms_forward(make_engine) -> None:
     for spec in ("tiny-random-lfm2", "tiny-random-gemma3"):
         assert not decode_forward.supports(model(spec).model)
-    assert make_engine(model("tiny-random"))._decode_forward is not None
+    assert make_engine(model("tiny-random")).decoder.path.forward is not None
 
 
 def test_swiglu_through_exp2_is_silu_times_x() -> None:

@@ -21,7 +21,8 @@ from support.engine import request, run, tokens_of
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_common.wire import event_line, parse_event_line
 from warmfleet_daemon.cache.events import CacheEventLog
-from warmfleet_daemon.engine.core import Engine, Usage
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import Usage
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.models.loader import LoadedModel
@@ -50,7 +51,7 @@ class Setup:
         self.engine: Engine = make_engine(loaded, block_size=BLOCK, budget=int(per_prompt * 1.3))
         self.codec = BlockCodec(fingerprint, probe_layout(loaded.model))
         self.disk = DiskTier(directory, self.codec, 1 << 30, self.engine.cache)
-        self.engine.tier = self.disk
+        self.engine.attach_tier(self.disk)
 
     def close(self) -> None:
         self.disk.stop()
@@ -88,7 +89,7 @@ def test_evicted_blocks_come_back_from_disk_like_scratch(tiny, make_engine, setu
     # RAM's blocks, then the disk's: all of them, the last too (with its logits it is
     # larger than this small RAM budget: it went to disk at once, and came back held for
     # this prompt alone).
-    assert usage.cached_tokens == 100 and usage.disk_tokens == 100 - in_ram
+    assert usage.cached_tokens == 100 and usage.cached["disk"] == 100 - in_ram
     stats = setup.disk.stats()
     assert stats.state == "on" and stats.read_blocks == 4 and stats.dropped_blocks == 0
 
@@ -114,7 +115,7 @@ def test_blocks_read_back_that_ram_evicts_before_the_prompt_takes_them_are_still
     monkeypatch.setattr(cache, "insert", insert_then_evict)
     again, usage = ask(setup.engine, a)
     assert again == expected
-    assert usage.cached_tokens == 100 and usage.disk_tokens == 100 - in_ram
+    assert usage.cached_tokens == 100 and usage.cached["disk"] == 100 - in_ram
 
 
 def test_a_restart_resumes_from_disk(tiny, make_engine, tmp_path) -> None:
@@ -129,7 +130,7 @@ def test_a_restart_resumes_from_disk(tiny, make_engine, tmp_path) -> None:
     try:
         assert after.disk.stats().blocks == 7
         again, usage = ask(after.engine, a)
-        assert again == expected and usage.disk_tokens == usage.cached_tokens == 100
+        assert again == expected and usage.cached["disk"] == usage.cached_tokens == 100
     finally:
         after.close()
 
@@ -167,10 +168,10 @@ def test_a_bad_file_is_a_miss_and_prefilled(
             again, usage = ask(s.engine, a)
         assert again == expected
         if damage == "fingerprint":
-            assert usage.disk_tokens == 0
+            assert usage.cached["disk"] == 0
         else:
             assert usage.cached_tokens == chunks[2].end  # up to the bad block
-            assert usage.disk_tokens == chunks[2].end - in_ram
+            assert usage.cached["disk"] == chunks[2].end - in_ram
             assert s.disk.stats().ignored_files == 1
             assert sum("Ignoring disk-tier block" in r.message for r in caplog.records) == 1
     finally:
@@ -206,7 +207,7 @@ def test_a_full_or_read_only_disk_turns_the_tier_off_and_serving_goes_on(
                 stats = s.disk.stats()
             finally:
                 s.close()
-        assert first == again == expected and usage.disk_tokens == 0
+        assert first == again == expected and usage.cached["disk"] == 0
         assert stats.state == "off" and stats.error
         assert ("bytes free" in stats.error) if kind == "full" else ("Read-only" in stats.error)
         assert stats.dropped_blocks > 0

@@ -12,7 +12,8 @@ from mlx_lm.models import base, gemma2
 from pydantic import ValidationError
 
 from support.engine import greedy, request, run, tokens_of
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.models.loader import LoadedModel, for_path, on_gpu
 from warmfleet_daemon.models.tiny import tiny_random_model
 from warmfleet_daemon.settings import ENGINE_PATH_ENV, DaemonSettings

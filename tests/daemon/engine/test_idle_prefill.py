@@ -9,7 +9,7 @@ import random
 
 from support.engine import greedy, request, run, tokens_of
 from warmfleet_common.prompts import PromptBuilder
-from warmfleet_daemon.engine.core import Event, GenerationRequest
+from warmfleet_daemon.engine.requests import Event, GenerationRequest
 
 VOCAB = (100, 49000)
 

@@ -73,7 +73,8 @@ from support.processes import serving, start_daemon
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine import activation, attention
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.models.convert import write_model_dir
 from warmfleet_daemon.models.loader import LoadedModel, for_path, on_gpu

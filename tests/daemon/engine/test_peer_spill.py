@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import pytest
 
 from support.engine import request, run, tokens_of
-from support.kv import BLOCK, Peer, answer, from_scratch, prompts
+from support.kv import BLOCK, Peer, answer, attached, from_scratch, prompts
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_common.tiers import TierCosts
-from warmfleet_daemon.engine.core import Engine, Usage
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import Usage
 from warmfleet_daemon.kvtransfer.spill import copy_is_faster
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 
@@ -43,11 +44,11 @@ def test_a_spilled_prompt_copies_the_peers_blocks_and_answers_as_from_scratch(
 ) -> None:
     peer = Peer(warm_peer)
     engine = make_engine(tiny, block_size=BLOCK)
-    transfer = KVTransfer(engine, spill="always")
+    transfer = attached(KVTransfer(engine, spill="always"))
     prefix, full = prompts()
     computed_before = engine.stats().prefill_tokens_total
     tokens, usage = spilled(engine, full, peer.url)
-    assert usage.peer_tokens == usage.cached_tokens == len(prefix.tokens)  # what the peer holds
+    assert usage.cached["peer"] == usage.cached_tokens == len(prefix.tokens)  # what the peer holds
     assert engine.stats().prefill_tokens_total - computed_before == len(full.tokens) - len(
         prefix.tokens
     )
@@ -65,12 +66,12 @@ def test_a_peer_that_disappears_mid_copy_leaves_the_rest_to_prefill(
 ) -> None:
     peer = Peer(warm_peer, cut_after=2)
     engine = make_engine(tiny, block_size=BLOCK)
-    transfer = KVTransfer(engine, spill="always")
+    transfer = attached(KVTransfer(engine, spill="always"))
     _, full = prompts()
     with caplog.at_level(logging.WARNING):
         tokens, usage = spilled(engine, full, peer.url)
     chunks = engine.plan(full)
-    assert usage.peer_tokens == usage.cached_tokens == chunks[1].end  # the blocks before the cut
+    assert usage.cached["peer"] == usage.cached_tokens == chunks[1].end  # the blocks before the cut
     assert any("stopped" in r.getMessage() and peer.url in r.getMessage() for r in caplog.records)
     assert tokens == from_scratch(engine, full)
     assert (transfer.spill.stats().short, transfer.spill.stats().failed) == (0, 1)
@@ -83,10 +84,10 @@ def test_an_unreachable_peer_means_prefill(tiny, make_engine) -> None:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nobody listens once closed
     engine = make_engine(tiny, block_size=BLOCK)
-    transfer = KVTransfer(engine, spill="always")
+    transfer = attached(KVTransfer(engine, spill="always"))
     _, full = prompts()
     tokens, usage = spilled(engine, full, url)
-    assert usage.peer_tokens == usage.cached_tokens == 0
+    assert usage.cached["peer"] == usage.cached_tokens == 0
     assert tokens == from_scratch(engine, full)
     transfer.stop()
 
@@ -95,17 +96,17 @@ def test_auto_copies_only_when_the_estimate_says_faster(warm_peer, tiny, make_en
     peer = Peer(warm_peer)
     engine = make_engine(tiny, block_size=BLOCK)
     costs = costs_of(0.001, 1.0, 1)
-    transfer = KVTransfer(engine, spill="auto", costs=costs)
+    transfer = attached(KVTransfer(engine, spill="auto", costs=costs))
     _, full = prompts()
     tokens, usage = spilled(engine, full, peer.url)
-    assert usage.peer_tokens == 0 and peer.requests == []  # prefill was cheaper: not asked
+    assert usage.cached["peer"] == 0 and peer.requests == []  # prefill was cheaper: not asked
     assert transfer.spill.stats().declined == 1
     assert tokens == from_scratch(engine, full)
     transfer.stop()
     costs = costs_of(5000.0, 1.0, 1)
-    transfer = KVTransfer(engine, spill="auto", costs=costs)
+    transfer = attached(KVTransfer(engine, spill="auto", costs=costs))
     tokens, usage = spilled(engine, full, peer.url)
-    assert usage.peer_tokens == 90
+    assert usage.cached["peer"] == 90
     assert tokens == from_scratch(engine, full)
     peer.close()
     transfer.stop()

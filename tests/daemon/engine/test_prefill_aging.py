@@ -7,7 +7,7 @@ import random
 
 from support.engine import greedy, request
 from warmfleet_daemon.engine import prefill_order
-from warmfleet_daemon.engine.core import Event
+from warmfleet_daemon.engine.requests import Event
 
 VOCAB = (100, 49000)
 

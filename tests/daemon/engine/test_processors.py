@@ -106,7 +106,7 @@ def test_a_failing_processor_fails_its_sequence_alone(tiny, make_engine) -> None
     bad, good = [], []
     engine.submit(request(tokens, sampling=greedy(12, logprobs=1)), bad.append)
 
-    processors = engine._inbox[-1].processors
+    processors = engine.scheduler.inbox[-1].processors
     works, calls = processors.process, []
 
     def boom(row):  # fails in the third decode step, batched with `good`

@@ -16,7 +16,8 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 from support.engine import greedy, model, request, run, tokens_of
 from warmfleet_daemon.engine import attention
-from warmfleet_daemon.engine.core import Engine, EngineConfig
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig
 from warmfleet_daemon.kvtransfer.codec import BlockCodec, probe_layout
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.fingerprint import model_fingerprint
@@ -97,21 +98,21 @@ def test_quantized_blocks_come_back_from_disk_like_scratch(wide, tmp_path) -> No
     fingerprint = model_fingerprint(wide, 16, 8)
     codec = BlockCodec(fingerprint, probe_layout(wide.model, 8, e.kv_group_size))
     disk = DiskTier(tmp_path, codec, 1 << 30, e.cache)
-    e.tier = disk
+    e.attach_tier(disk)
     run(e, request(prompt, (40,), sampling=greedy(16)))  # stored: written behind
     assert disk.save_all()
     disk.stop()
 
     restarted = engine(wide, 8)
     disk = DiskTier(tmp_path, codec, 1 << 30, restarted.cache)
-    restarted.tier = disk
+    restarted.attach_tier(disk)
     try:
         events = run(restarted, request(prompt, (40,), sampling=greedy(16)))[0]
     finally:
         disk.stop()
     usage = events[-1].usage
     assert tokens_of(events) == cold
-    assert usage is not None and usage.cached_tokens == usage.disk_tokens == 100
+    assert usage is not None and usage.cached_tokens == usage.cached["disk"] == 100
 
 
 def test_each_setting_has_its_own_fingerprint(wide) -> None:

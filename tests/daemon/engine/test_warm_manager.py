@@ -13,7 +13,8 @@ import pytest
 from support.engine import greedy, model, tokens_of
 from warmfleet_common.contract import PromptState, WarmSetSpec
 from warmfleet_common.prompts import PromptBuilder
-from warmfleet_daemon.engine.core import Engine, EngineConfig, GenerationRequest
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig, GenerationRequest
 from warmfleet_daemon.warming.manager import (
     Limits,
     WarmManager,
