@@ -13,6 +13,7 @@ from typing import Any
 
 from warmfleet_common.errors import anthropic_error_body, anthropic_type
 from warmfleet_common.tiers import FASTEST, TierTokens
+from warmfleet_daemon.api import agent_requests
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.output import Piece, Splitter, merge
 from warmfleet_daemon.engine.requests import Event, Usage
@@ -29,13 +30,15 @@ def tool_use_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
-def usage(request: gen.AgentRequest, used: Usage | None, *, served: bool = True) -> dict[str, Any]:
+def usage(
+    request: agent_requests.AgentRequest, used: Usage | None, *, served: bool = True
+) -> dict[str, Any]:
     """Anthropic's usage: prompt = input_tokens (computed after the last breakpoint)
     + cache_read_input_tokens + cache_creation_input_tokens; a served request's also
     says which tier its cached tokens came from (a warmfleet extension)."""
     prompt = len(request.prompt.tokens)
     cached = used.cached_tokens if used else 0
-    created = gen.cache_creation(request.breakpoints, cached)
+    created = agent_requests.cache_creation(request.breakpoints, cached)
     creation = sum(created.values())
     out: dict[str, Any] = {
         "input_tokens": prompt - cached - creation,
@@ -52,7 +55,7 @@ def usage(request: gen.AgentRequest, used: Usage | None, *, served: bool = True)
     return out
 
 
-def estimated_usage(ready: Ready, request: gen.AgentRequest) -> dict[str, Any]:
+def estimated_usage(ready: Ready, request: agent_requests.AgentRequest) -> dict[str, Any]:
     """The usage `message_start` carries, before the prompt is prefilled: what the
     cache holds of it now (`message_delta` carries the exact figures at the end)."""
     chunks = ready.engine.plan(request.prompt)
@@ -91,7 +94,7 @@ def _input(arguments: str) -> dict[str, Any]:
 
 def message(
     ready: Ready,
-    request: gen.AgentRequest,
+    request: agent_requests.AgentRequest,
     model: str,
     text: str,
     final: Event,
@@ -102,7 +105,9 @@ def message(
     pieces = merge([*splitter.feed(text), *splitter.finish()])
     blocks = [block_of(p, request.options.thinking_shown) for p in pieces]
     calls = sum(p.kind == "tool_call" for p in pieces)
-    reason, sequence = gen.stop_reason_of(final, generated, request.client_stops, ready, calls)
+    reason, sequence = agent_requests.stop_reason_of(
+        final, generated, request.client_stops, ready, calls
+    )
     return {
         "id": message_id(),
         "type": "message",
@@ -192,7 +197,7 @@ def error_event(status: int, message: str) -> bytes:
 
 async def stream(
     ready: Ready,
-    request: gen.AgentRequest,
+    request: agent_requests.AgentRequest,
     model: str,
     answered: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> AsyncGenerator[bytes, None]:
@@ -235,8 +240,8 @@ async def stream(
             yield chunk
     for chunk in blocks.close():
         yield chunk
-    gen.hold_breakpoints(ready, request)
-    reason, sequence = gen.stop_reason_of(
+    agent_requests.hold_breakpoints(ready, request)
+    reason, sequence = agent_requests.stop_reason_of(
         final, generated, request.client_stops, ready, blocks.calls
     )
     delta_usage = usage(request, final.usage)

@@ -14,6 +14,7 @@ from contextlib import aclosing
 from typing import Any
 
 from warmfleet_common.agent_apis.responses import NamedFunction, ResponsesRequest
+from warmfleet_daemon.api import agent_requests
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.output import Piece, merge
 from warmfleet_daemon.engine.requests import Event, Usage
@@ -71,7 +72,7 @@ def envelope(
 
 
 def usage(
-    ready: Ready, request: gen.AgentRequest, used: Usage | None, reasoning: str
+    ready: Ready, request: agent_requests.AgentRequest, used: Usage | None, reasoning: str
 ) -> dict[str, Any]:
     prompt = len(request.prompt.tokens)
     output = used.completion_tokens if used else 0
@@ -91,7 +92,7 @@ def usage(
     }
 
 
-def item_of(piece: Piece, request: gen.AgentRequest, item_id: str) -> dict[str, Any]:
+def item_of(piece: Piece, request: agent_requests.AgentRequest, item_id: str) -> dict[str, Any]:
     """A finished piece as an output item."""
     if piece.kind == "thinking":
         return {
@@ -138,7 +139,7 @@ def _finish(response: dict[str, Any], final: Event) -> None:
 def response(
     ready: Ready,
     body: ResponsesRequest,
-    request: gen.AgentRequest,
+    request: agent_requests.AgentRequest,
     model: str,
     text: str,
     final: Event,
@@ -158,7 +159,7 @@ def response(
 class _Stream:
     """Numbers events and keeps the open output item."""
 
-    def __init__(self, request: gen.AgentRequest) -> None:
+    def __init__(self, request: agent_requests.AgentRequest) -> None:
         self.request = request
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
@@ -250,7 +251,7 @@ class _Stream:
 async def stream(
     ready: Ready,
     body: ResponsesRequest,
-    request: gen.AgentRequest,
+    request: agent_requests.AgentRequest,
     model: str,
     answered: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> AsyncGenerator[bytes, None]:

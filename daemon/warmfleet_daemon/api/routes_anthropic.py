@@ -16,7 +16,7 @@ from warmfleet_common.agent_apis.anthropic import (
     MessagesRequest,
 )
 from warmfleet_common.errors import AnthropicErrorResponse
-from warmfleet_daemon.api import anthropic, choices, continuations
+from warmfleet_daemon.api import agent_requests, anthropic, choices, continuations
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.errors import APIError
@@ -59,7 +59,7 @@ async def messages(
 ) -> Any:
     _check_model(ready, body.model)
     chat = body.chat()
-    request = await gen.agent_request(
+    request = await agent_requests.agent_request(
         ready,
         chat,
         body.options(),
@@ -84,7 +84,7 @@ async def messages(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     done = (await gen.collect(ready, [request.generation], http))[0]
-    gen.hold_breakpoints(ready, request)
+    agent_requests.hold_breakpoints(ready, request)
     answer = anthropic.message(ready, request, model, done.text, done.final, done.tokens)
     if done.final.finish_reason in choices.ANSWERED:
         continuations.messages(ready, body, answer["content"])
@@ -96,7 +96,7 @@ async def count_tokens(
     body: CountTokensRequest, http: Request, ready: ReadyDep, beta: bool | None = _BETA
 ) -> dict[str, int]:
     _check_model(ready, body.model)
-    prompt = await gen.render_agent_prompt(ready, body.chat(), body.options(), http)
+    prompt = await agent_requests.render_agent_prompt(ready, body.chat(), body.options(), http)
     return {"input_tokens": len(prompt.tokens)}
 
 

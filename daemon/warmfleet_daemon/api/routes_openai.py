@@ -7,9 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from warmfleet_daemon.api import choices, continuations
+from warmfleet_daemon.api import chat_requests, choices, continuations
 from warmfleet_daemon.api import generation as gen
-from warmfleet_daemon.api.constraints import tool_choice
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
 from warmfleet_daemon.api.output import Splitter
@@ -35,12 +34,12 @@ _GENERATION = {
 async def chat_completions(
     body: ChatCompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
-    request = await gen.chat_request(ready, body, state.settings, http)
+    request = await chat_requests.chat_request(ready, body, state.settings, http)
     requests = gen.copies(request, body.n)
     rid, created, model = gen.new_id("chatcmpl"), gen.created(), state.served_name()
     token_bytes = await _token_bytes(ready, bool(body.logprobs))
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
-    parsed = tools if tool_choice(body) != "none" else None
+    parsed = tools if chat_requests.output_rules(body).tool_choice != "none" else None
 
     def parser() -> Splitter:
         return gen.output_splitter(ready.model.tokenizer, parsed, request.prompt.text)
@@ -61,7 +60,7 @@ async def chat_completions(
         return rendered
 
     if body.stream:
-        return gen.streaming_response(
+        return chat_requests.streaming_response(
             ready,
             requests,
             base={"id": rid, "object": "chat.completion.chunk", "created": created, "model": model},
@@ -80,7 +79,7 @@ async def chat_completions(
         created=created,
         model=model,
         choices=[choices.chat_choice(i, c, parser(), token_bytes) for i, c in enumerate(done)],
-        usage=gen.usage_info(gen.total_usage([c.final for c in done])),
+        usage=chat_requests.usage_info(gen.total_usage([c.final for c in done])),
     )
     if done[0].final.finish_reason in choices.ANSWERED:
         continuations.chat(ready, body, completion.choices[0].message.model_dump())
@@ -91,12 +90,12 @@ async def chat_completions(
 async def completions(
     body: CompletionRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
-    request = await gen.completion_request(ready, body, state.settings)
+    request = await chat_requests.completion_request(ready, body, state.settings)
     requests = gen.copies(request, body.n)
     rid, created, model = gen.new_id("cmpl"), gen.created(), state.served_name()
     token_bytes = await _token_bytes(ready, body.logprobs is not None)
     if body.stream:
-        return gen.streaming_response(
+        return chat_requests.streaming_response(
             ready,
             requests,
             base={"id": rid, "object": "text_completion", "created": created, "model": model},
@@ -110,7 +109,7 @@ async def completions(
         created=created,
         model=model,
         choices=[choices.completion_choice(i, c, token_bytes) for i, c in enumerate(done)],
-        usage=gen.usage_info(gen.total_usage([c.final for c in done])),
+        usage=chat_requests.usage_info(gen.total_usage([c.final for c in done])),
     )
 
 

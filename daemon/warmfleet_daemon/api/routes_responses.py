@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from warmfleet_common.agent_apis.responses import ResponsesRequest
-from warmfleet_daemon.api import choices, continuations, responses
+from warmfleet_daemon.api import agent_requests, choices, continuations, responses
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
@@ -28,7 +28,7 @@ async def create_response(
     body: ResponsesRequest, http: Request, ready: ReadyDep, state: StateDep
 ) -> Any:
     gen.check_model(ready, body.model)
-    request = await gen.agent_request(
+    request = await agent_requests.agent_request(
         ready,
         body.chat(),
         body.options(),
