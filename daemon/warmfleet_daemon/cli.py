@@ -213,7 +213,7 @@ def serve(args: argparse.Namespace) -> int:
     from warmfleet_daemon.node.cli import register_if_asked
     from warmfleet_daemon.runtime.drain import DrainingServer
     from warmfleet_daemon.settings import DaemonSettings
-    from warmfleet_daemon.warming.manager import read_warm_prompts_file
+    from warmfleet_daemon.warming.sets import read_warm_prompts_file
     from warmfleet_daemon.warming.state_store import StateStore
 
     overrides = settings_overrides(args)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from warmfleet_common.agent_apis.shapes import SHAPES
 from warmfleet_common.errors import (
     anthropic_error_body,
     anthropic_type,
@@ -35,7 +36,7 @@ _TYPES = {
 }
 
 
-ANTHROPIC_PREFIX = "/v1/messages"
+ANTHROPIC_PREFIX = SHAPES["anthropic"].path
 
 
 def speaks_anthropic(path: str) -> bool:

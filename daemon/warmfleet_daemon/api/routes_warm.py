@@ -17,7 +17,7 @@ from warmfleet_common.contract import (
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.openapi import errors
-from warmfleet_daemon.warming.manager import (
+from warmfleet_daemon.warming.sets import (
     StateNotSaved,
     WarmSetError,
     WarmSetInvalid,

@@ -27,14 +27,10 @@ from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.runtime.diagnostics import CacheDiagnostics
 from warmfleet_daemon.runtime.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.settings import DaemonSettings, MiB
-from warmfleet_daemon.warming.manager import (
-    Limits,
-    WarmManager,
-    WarmSetError,
-    read_warm_prompts_file,
-)
+from warmfleet_daemon.warming.manager import WarmManager
 from warmfleet_daemon.warming.next_turn import NextTurns
 from warmfleet_daemon.warming.pins import TimedPins
+from warmfleet_daemon.warming.sets import Limits, WarmSetError, read_warm_prompts_file
 from warmfleet_daemon.warming.state_store import StateStore
 
 log = logging.getLogger(__name__)

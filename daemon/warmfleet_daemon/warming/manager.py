@@ -12,21 +12,16 @@ per set. Applying a set validates everything first and changes nothing on error.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
-from warmfleet_common.chunking import BlockKey
+from warmfleet_common.agent_apis.shapes import SHAPES
 from warmfleet_common.contract import (
     CacheClearResult,
     PromptState,
     WarmPrompt,
-    WarmPromptStatus,
     WarmSetSpec,
     WarmSetStatus,
 )
@@ -36,114 +31,24 @@ from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
 from warmfleet_daemon.support.background import BackgroundThread
+from warmfleet_daemon.warming.sets import (
+    Limits,
+    PromptEntry,
+    Rendered,
+    SetEntry,
+    SetKey,
+    StateNotSaved,
+    WarmRound,
+    WarmSetError,
+    WarmSetInvalid,
+    WarmSetStale,
+    WarmSetTooLarge,
+    content_of,
+    hash_of,
+)
 from warmfleet_daemon.warming.state_store import StateStore, StateTooLarge, invalid_key
 
 log = logging.getLogger(__name__)
-
-SetKey = tuple[str, str]  # (namespace, name)
-# Content hashes are keyed per process: they tell "changed or not" to whoever may read
-# them, but cannot confirm a guessed system prompt.
-_HASH_KEY = secrets.token_bytes(16)
-_Rendered = tuple[RenderedPrompt, list[BlockKey], str]  # prefix, its block keys, content hash
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_sets: int = 64
-    max_prompts_per_set: int = 64
-    max_message_chars: int = 200_000
-    max_pinned_fraction: float = 0.8  # of the cache budget; the rest is for traffic
-
-
-class WarmSetError(Exception):
-    """A set that cannot be applied; nothing was changed. `param`: the field at fault."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-class WarmSetInvalid(WarmSetError):
-    """The set cannot be warmed as written (a bad prompt, too many sets or prompts)."""
-
-
-class WarmSetTooLarge(WarmSetError):
-    """The set is larger than a limit (message size, pinned cache, the state file)."""
-
-
-class WarmSetStale(WarmSetError):
-    """An older generation than the one applied."""
-
-
-class StateNotSaved(WarmSetError):
-    """The state directory could not be written: the change was not made."""
-
-
-@dataclass(eq=False)
-class _Prompt:
-    spec: WarmPrompt
-    rendered: RenderedPrompt
-    keys: list[BlockKey]
-    content_hash: str
-    state: PromptState = PromptState.PENDING
-    computed_tokens: int | None = None
-    duration_s: float | None = None
-    error: str | None = None
-    warmed_at: float | None = None
-    pinned: bool = False
-    epoch: int = 0  # the cache epoch its warm-up started in (a clear bumps it)
-
-    def status(self) -> WarmPromptStatus:
-        return WarmPromptStatus(
-            name=self.spec.name,
-            state=self.state,
-            content_hash=self.content_hash,
-            tokens=len(self.rendered.tokens),
-            computed_tokens=self.computed_tokens,
-            duration_s=self.duration_s,
-            error=self.error,
-            warmed_at=self.warmed_at,
-            blocks=[key.hex() for key in self.keys],
-        )
-
-
-@dataclass(eq=False)
-class _Set:
-    namespace: str
-    name: str
-    spec: WarmSetSpec
-    content_hash: str
-    prompts: dict[str, _Prompt]
-    updated_at: float = field(default_factory=time.time)
-
-    def status(self) -> WarmSetStatus:
-        prompts = [p.status() for p in self.prompts.values()]
-        return WarmSetStatus(
-            namespace=self.namespace,
-            name=self.name,
-            generation=self.spec.generation,
-            uid=self.spec.uid,
-            source_hash=self.spec.source_hash,
-            content_hash=self.content_hash,
-            concurrency=self.spec.concurrency,
-            pin=self.spec.pin,
-            prompts=prompts,
-            warm=sum(p.state is PromptState.WARM for p in prompts),
-            total=len(prompts),
-            updated_at=self.updated_at,
-        )
-
-
-@dataclass
-class _Round:
-    """One burst of warm-ups, reported in one line when it drains."""
-
-    started: float = field(default_factory=time.perf_counter)
-    completed: int = 0
-    skipped: int = 0  # already entirely cached: nothing to compute
-    failed: int = 0
-    tokens: int = 0
 
 
 class WarmManager:
@@ -161,11 +66,11 @@ class WarmManager:
         self.prompts = prompts
         self.limits = limits or Limits()
         self.store = store
-        self._sets: dict[SetKey, _Set] = {}
+        self._sets: dict[SetKey, SetEntry] = {}
         self._lock = threading.RLock()
         self._worker = BackgroundThread("warmfleet-warmup", self._lock)
         self._epoch = 0
-        self._round: _Round | None = None
+        self._round: WarmRound | None = None
         # Called with (namespace, name, "warm" | "failed", seconds) after each warm-up.
         self.observers: list[Callable[[str, str, str, float], None]] = []
 
@@ -214,8 +119,8 @@ class WarmManager:
         if problem:
             raise WarmSetInvalid(problem, "name")
         rendered = self._validate(namespace, name, spec, keep_going)
-        set_hash = _hash(
-            [spec.concurrency, spec.pin, [(n, _content(r)) for n, r in rendered.items()]]
+        set_hash = hash_of(
+            [spec.concurrency, spec.pin, [(n, content_of(r)) for n, r in rendered.items()]]
         )
         with self._lock:
             key = (namespace, name)
@@ -236,11 +141,11 @@ class WarmManager:
                 old.spec = spec  # same content: only the generation or uid differs
                 old.updated_at = time.time()
                 return old.status()
-            entries: dict[str, _Prompt] = {}
+            entries: dict[str, PromptEntry] = {}
             for prompt in spec.prompts:
                 result = rendered[prompt.name]
                 if isinstance(result, str):  # keep_going: rendered as failed
-                    entries[prompt.name] = _Prompt(
+                    entries[prompt.name] = PromptEntry(
                         prompt, RenderedPrompt(()), [], "", PromptState.FAILED, error=result
                     )
                     log.warning(
@@ -253,7 +158,7 @@ class WarmManager:
                     kept.spec = prompt
                     entries[prompt.name] = kept
                 else:
-                    entries[prompt.name] = _Prompt(prompt, tokens, keys, content_hash)
+                    entries[prompt.name] = PromptEntry(prompt, tokens, keys, content_hash)
             if old is not None:
                 for prompt_name, entry in old.prompts.items():
                     if entries.get(prompt_name) is not entry:
@@ -264,7 +169,7 @@ class WarmManager:
                 elif spec.pin and not old.spec.pin:
                     for entry in entries.values():
                         self._repin(entry)
-            self._sets[key] = _Set(namespace, name, spec, set_hash, entries)
+            self._sets[key] = SetEntry(namespace, name, spec, set_hash, entries)
             self._sync_snapshots()
             self._worker.wake.notify_all()
             return self._sets[key].status()
@@ -321,7 +226,7 @@ class WarmManager:
 
     def _validate(
         self, namespace: str, name: str, spec: WarmSetSpec, keep_going: bool
-    ) -> dict[str, _Rendered | str]:
+    ) -> dict[str, Rendered | str]:
         limits = self.limits
         with self._lock:
             if (namespace, name) not in self._sets and len(self._sets) >= limits.max_sets:
@@ -331,7 +236,7 @@ class WarmManager:
                 f"{len(spec.prompts)} prompts; at most {limits.max_prompts_per_set} per set",
                 "prompts",
             )
-        out: dict[str, _Rendered | str] = {}
+        out: dict[str, Rendered | str] = {}
         for i, prompt in enumerate(spec.prompts):
             try:
                 out[prompt.name] = self._render(prompt, f"prompts.{i}")
@@ -344,7 +249,7 @@ class WarmManager:
             self._check_budget(namespace, name, good)
         return out
 
-    def _render(self, prompt: WarmPrompt, param: str) -> _Rendered:
+    def _render(self, prompt: WarmPrompt, param: str) -> Rendered:
         limit = self.limits.max_message_chars
         for j, message in enumerate(prompt.messages or []):
             if message.text_length() > limit:
@@ -361,7 +266,7 @@ class WarmManager:
                     f"prompt {prompt.name!r} ({prompt.api}) renders a "
                     f"{rendered_message['role']} message of {size} characters (message {j}); "
                     f"the limit is {limit}",
-                    f"{param}.{prompt.api}",
+                    f"{param}.{SHAPES[prompt.api].prompt_field}",
                 )
         try:
             rendered = self.prompts.shared_prefix(
@@ -377,9 +282,9 @@ class WarmManager:
                 param,
             )
         keys = [c.key for c in self.engine.plan(rendered)]
-        return rendered, keys, _hash([list(rendered.tokens), rendered.cuts])
+        return rendered, keys, hash_of([list(rendered.tokens), rendered.cuts])
 
-    def _check_budget(self, namespace: str, name: str, rendered: dict[str, _Rendered]) -> None:
+    def _check_budget(self, namespace: str, name: str, rendered: dict[str, Rendered]) -> None:
         budget = self.engine.config.cache_budget_bytes
         allowed = int(budget * self.limits.max_pinned_fraction)
         need = sum(self.engine.block_bytes(len(r[0].tokens)) for r in rendered.values())
@@ -417,12 +322,12 @@ class WarmManager:
                             in_flight += 1
                 self._worker.wake.wait(timeout=1.0)
 
-    def _launch(self, warm_set: _Set, entry: _Prompt) -> None:
+    def _launch(self, warm_set: SetEntry, entry: PromptEntry) -> None:
         entry.state = PromptState.WARMING
         entry.error = None
         entry.epoch = self._epoch
         if self._round is None:
-            self._round = _Round()
+            self._round = WarmRound()
         request = GenerationRequest(
             entry.rendered,
             SamplingParams(max_tokens=1, temperature=0.0),
@@ -448,7 +353,7 @@ class WarmManager:
             submit()
 
     def _finished(
-        self, warm_set: _Set, entry: _Prompt, event: Event, started: float, label: str
+        self, warm_set: SetEntry, entry: PromptEntry, event: Event, started: float, label: str
     ) -> None:
         with self._lock:
             current = self._sets.get((warm_set.namespace, warm_set.name))
@@ -485,8 +390,8 @@ class WarmManager:
             self._maybe_report()
             self._worker.wake.notify_all()
 
-    def _note(self, entry: _Prompt, label: str, *, ok: bool) -> None:
-        r = self._round or _Round()
+    def _note(self, entry: PromptEntry, label: str, *, ok: bool) -> None:
+        r = self._round or WarmRound()
         self._round = r
         if not ok:
             r.failed += 1
@@ -524,21 +429,21 @@ class WarmManager:
 
     # -- helpers ----------------------------------------------------------------
 
-    def _entries(self) -> Iterator[_Prompt]:
+    def _entries(self) -> Iterator[PromptEntry]:
         return (e for s in self._sets.values() for e in s.prompts.values())
 
     def _progress(self) -> tuple[int, int]:
         entries = list(self._entries())
         return sum(e.state is PromptState.WARM for e in entries), len(entries)
 
-    def _release(self, entry: _Prompt, *, drop: bool = True) -> None:
+    def _release(self, entry: PromptEntry, *, drop: bool = True) -> None:
         if entry.pinned:
             self.engine.cache.unpin(entry.keys)
             entry.pinned = False
         if drop:
             self.engine.cache.drop(entry.keys)
 
-    def _repin(self, entry: _Prompt) -> None:
+    def _repin(self, entry: PromptEntry) -> None:
         if entry.state is PromptState.WARM and not entry.pinned:
             if self.engine.cache.pin(entry.keys):
                 entry.pinned = True
@@ -571,39 +476,3 @@ class WarmManager:
             (k for e in pinned for k in e.keys),
             (e.keys for e in pinned if e.state is PromptState.WARM and e.pinned),
         )
-
-
-def _content(result: _Rendered | str) -> str:
-    return result if isinstance(result, str) else result[2]
-
-
-def _hash(value: object) -> str:
-    data = json.dumps(value, sort_keys=True, default=str).encode()
-    return hashlib.blake2b(data, digest_size=12, key=_HASH_KEY).hexdigest()
-
-
-def read_warm_prompts_file(path: str, *, concurrency: int = 2) -> WarmSetSpec:
-    """`--warm-prompts FILE`: vllm-mlx's format (a JSON list of message lists) or
-    warmfleet's (a list of `{name, messages, tools?}`, `{name, anthropic: {...}}` or
-    `{name, responses: {...}}`, as `warmfleet warm-prompts capture` writes), in JSON or
-    YAML."""
-    import yaml
-    from pydantic import ValidationError
-
-    try:
-        with open(path) as f:
-            document = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError, RecursionError) as exc:
-        raise ValueError(f"cannot read warm prompts file {path}: {exc}") from exc
-    if isinstance(document, dict) and "prompts" in document:
-        document = document["prompts"]
-    if not isinstance(document, list) or not document:
-        raise ValueError(f"{path}: expected a non-empty list of prompts")
-    prompts = [
-        {"name": f"prompt-{i + 1}", "messages": item} if isinstance(item, list) else item
-        for i, item in enumerate(document)
-    ]
-    try:
-        return WarmSetSpec.model_validate({"prompts": prompts, "concurrency": concurrency})
-    except ValidationError as exc:
-        raise ValueError(f"{path}: invalid warm prompts:\n{exc}") from exc

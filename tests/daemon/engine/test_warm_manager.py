@@ -15,9 +15,9 @@ from warmfleet_common.contract import PromptState, WarmSetSpec
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.requests import EngineConfig, GenerationRequest
-from warmfleet_daemon.warming.manager import (
+from warmfleet_daemon.warming.manager import WarmManager
+from warmfleet_daemon.warming.sets import (
     Limits,
-    WarmManager,
     WarmSetError,
     WarmSetInvalid,
     WarmSetStale,
