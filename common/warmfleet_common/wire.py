@@ -135,8 +135,10 @@ class SnapshotBlock(_Wire):
     logits: bool = False
     pinned: bool = False
     tier: Tier = "ram"  # the fastest tier that holds it (RAM blocks are often on disk too)
-    # The disk tier holds it too (always for tier "disk"): when RAM evicts it, it is still
-    # a disk block. False from daemons older than this field.
+    # Every tier that holds it, fastest first: when RAM evicts it, it is still a block of
+    # the next. Empty from daemons older than this field (then `tier`, and `on_disk`).
+    tiers: list[Tier] = Field(default_factory=list, max_length=16)
+    # The disk tier holds it too, as `tiers` says: kept for routers older than `tiers`.
     on_disk: bool = False
     source: Source | None = None  # where a RAM block's KV came from (as in `stored`)
 

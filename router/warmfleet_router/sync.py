@@ -40,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 from warmfleet_common import bounded
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.contract import PromptState, WarmSetList
+from warmfleet_common.tiers import Tier
 from warmfleet_common.wire import (
     BlockEvicted,
     BlockStored,
@@ -50,6 +51,7 @@ from warmfleet_common.wire import (
     EventsHello,
     EventsReset,
     ModelList,
+    SnapshotBlock,
     parse_event_line,
 )
 from warmfleet_router.backend import Backend
@@ -395,11 +397,7 @@ class BackendSync:
         if snap.fingerprint != backend.fingerprint:
             await self._read_layout()
         self._index.load_snapshot(
-            backend.name,
-            (
-                (bytes.fromhex(b.key), b.logits, {b.tier, "disk"} if b.on_disk else {b.tier})
-                for b in snap.blocks
-            ),
+            backend.name, ((bytes.fromhex(b.key), b.logits, holders(b)) for b in snap.blocks)
         )
         backend.epoch, backend.seq = snap.epoch, snap.seq
         backend.index_mode = "following"
@@ -531,3 +529,11 @@ class Readiness(BaseModel):
 
 def _jitter(delay: float) -> float:
     return delay * random.uniform(0.8, 1.2)
+
+
+def holders(block: SnapshotBlock) -> set[Tier]:
+    """The tiers a snapshot says hold a block (from daemons before `tiers`: its fastest
+    tier, and the disk when `on_disk`)."""
+    if block.tiers:
+        return set(block.tiers)
+    return {block.tier, "disk"} if block.on_disk else {block.tier}

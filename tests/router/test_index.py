@@ -303,19 +303,26 @@ def test_a_block_evicted_from_ram_that_the_disk_holds_becomes_a_disk_block() -> 
     assert index.predict_tiers("a", REQUEST) == TierTokens(ram=8)
 
 
-def test_a_snapshot_says_which_ram_blocks_the_disk_holds_too() -> None:
-    """A snapshot lists each block's fastest tier, and `on_disk` when the disk also holds
-    it: a RAM eviction after the snapshot leaves such a block on disk."""
+@pytest.mark.parametrize("shape", ["tiers", "older daemons: on_disk"])
+def test_a_snapshot_says_which_ram_blocks_the_disk_holds_too(shape: str) -> None:
+    """A snapshot lists every tier holding each block (`tiers`; daemons before it said
+    the fastest tier and `on_disk`): a RAM eviction after the snapshot leaves a block the
+    disk also holds on disk."""
     served: dict[str, object] = {}
     a, b, c = REQUEST.keys[:3]
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/cache/snapshot":
-            blocks_now = [
-                {"key": a.hex(), "tier": "ram", "on_disk": True},
-                {"key": b.hex(), "tier": "ram"},  # not written yet
-                {"key": c.hex(), "tier": "disk", "on_disk": True},  # only the disk has it
+            blocks_now: list[dict[str, object]] = [
+                {"key": a.hex(), "tier": "ram", "tiers": ["ram", "disk"]},
+                {"key": b.hex(), "tier": "ram", "tiers": ["ram"]},  # not written yet
+                {"key": c.hex(), "tier": "disk", "tiers": ["disk"]},  # only the disk has it
             ]
+            if shape != "tiers":
+                for block in blocks_now:
+                    held = block.pop("tiers")
+                    block["on_disk"] = "disk" in held  # type: ignore[operator]
+
             return httpx.Response(
                 200, json={"epoch": "e1", "seq": 7, "fingerprint": None, "blocks": blocks_now}
             )

@@ -11,7 +11,7 @@ daemon's epoch, which is the subscriber's cue to fetch a new snapshot.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from functools import lru_cache
 
 from fastapi import APIRouter, Query
@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.cache_layout import CacheLayout, export_layout
 from warmfleet_common.errors import ErrorResponse
+from warmfleet_common.tiers import Tier
 from warmfleet_common.wire import (
     CacheSnapshot,
     EventsHeartbeat,
@@ -29,8 +30,8 @@ from warmfleet_common.wire import (
     event_line,
 )
 from warmfleet_daemon.api.deps import AdminDep, ReadyDep
+from warmfleet_daemon.cache.events import HeldBlock
 from warmfleet_daemon.engine.core import Engine
-from warmfleet_daemon.kvtransfer.disk_index import DiskEntry
 
 router = APIRouter(
     prefix="/v1/cache",
@@ -63,37 +64,47 @@ async def layout(ready: ReadyDep) -> CacheLayout:
 async def snapshot(ready: ReadyDep) -> CacheSnapshot:
     """Every stored block (root first) with the event sequence number it is current at."""
     events = ready.events
-    disk = ready.transfer.disk if ready.transfer else None
+    slower = ready.engine.tiers[1:]  # the tiers beyond RAM, fastest first
 
-    def current() -> tuple[int, list[DiskEntry]]:
-        # The number first: a disk change after it is also an event after it (replayed).
-        return events.seq, disk.entries() if disk is not None else []
+    def current() -> tuple[int, list[tuple[Tier, Sequence[HeldBlock]]]]:
+        # The number first: a tier's change after it is also an event after it (replayed).
+        return events.seq, [(tier.name, tier.held()) for tier in slower]
 
-    blocks, (seq, on_disk) = await run_in_threadpool(ready.engine.cache.snapshot, current)
+    blocks, (seq, held) = await run_in_threadpool(ready.engine.cache.snapshot, current)
     found = await run_in_threadpool(layout_of, ready.engine)
+    holders: dict[bytes, list[Tier]] = {}
+    beyond_ram: dict[bytes, HeldBlock] = {}
+    for name, entries in held:
+        for entry in entries:
+            holders.setdefault(entry.key, []).append(name)
+            beyond_ram.setdefault(entry.key, entry)
     in_ram = {b.key for b in blocks}
-    disk_keys = {e.key for e in on_disk}
     return CacheSnapshot(
         epoch=events.epoch,
         seq=seq,
         fingerprint=found.fingerprint,
         blocks=[
-            *(events.block_wire(b, b.key in disk_keys) for b in blocks),
-            *(disk_block(e) for e in sorted(on_disk, key=lambda e: e.end) if e.key not in in_ram),
+            *(events.block_wire(b, holders.get(b.key, ())) for b in blocks),
+            *(
+                held_block(entry, holders[entry.key])
+                for entry in sorted(beyond_ram.values(), key=lambda e: e.end)  # parents first
+                if entry.key not in in_ram
+            ),
         ],
     )
 
 
-def disk_block(entry: DiskEntry) -> SnapshotBlock:
-    """A block only the disk tier holds."""
+def held_block(entry: HeldBlock, tiers: list[Tier]) -> SnapshotBlock:
+    """A block only tiers beyond RAM hold (`tiers`, fastest first)."""
     return SnapshotBlock(
         key=entry.key.hex(),
         parent=entry.parent.hex() if entry.parent is not None else None,
         start=entry.start,
         end=entry.end,
         logits=entry.logits,
-        tier="disk",
-        on_disk=True,
+        tier=tiers[0],
+        tiers=tiers,
+        on_disk="disk" in tiers,
     )
 
 

@@ -14,10 +14,11 @@ import asyncio
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
+from warmfleet_common.chunking import BlockKey
 from warmfleet_common.tiers import Tier
 from warmfleet_common.wire import (
     BlockEvicted,
@@ -34,6 +35,26 @@ EventType = Literal["stored", "evicted", "cleared"]
 DEFAULT_BUFFER = 65_536
 # A subscriber this far behind is cut off (and resyncs) rather than buffering forever.
 MAX_SUBSCRIBER_BACKLOG = 65_536
+
+
+class HeldBlock(Protocol):
+    """A block a tier holds, as the router's snapshot and event feed describe it."""
+
+    @property
+    def key(self) -> BlockKey: ...
+    @property
+    def parent(self) -> BlockKey | None: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def logits(self) -> bool: ...
+
+
+# Told of each block a tier gains ("stored") or loses ("evicted"), from the tier's own
+# threads; must not block (the cache event log, which the router follows).
+TierListener = Callable[[Literal["stored", "evicted"], HeldBlock], None]
 
 
 @dataclass(frozen=True)
@@ -172,9 +193,19 @@ class CacheEventLog(Generic[P]):
         with self._lock:
             self._subscribers.discard(subscription)
 
-    def block_wire(self, block: BlockView[P], on_disk: bool = False) -> SnapshotBlock:
-        """The entry `GET /v1/cache/snapshot` lists for it (`on_disk`: the disk tier
-        holds it too)."""
+    def tier_listener(self, tier: Tier) -> TierListener:
+        """What a tier beyond RAM tells of its blocks, as events in `tier`."""
+
+        def record(kind: Literal["stored", "evicted"], block: HeldBlock) -> None:
+            self.record_block(
+                kind, block.key, block.parent, block.start, block.end, block.logits, tier
+            )
+
+        return record
+
+    def block_wire(self, block: BlockView[P], also: Sequence[Tier] = ()) -> SnapshotBlock:
+        """The entry `GET /v1/cache/snapshot` lists for a RAM block (`also`: the slower
+        tiers that hold it too)."""
         return SnapshotBlock(
             key=block.key.hex(),
             parent=block.parent.hex() if block.parent is not None else None,
@@ -182,6 +213,7 @@ class CacheEventLog(Generic[P]):
             end=block.end,
             logits=self._has_logits(block.payload),
             pinned=block.pinned,
-            on_disk=on_disk,
+            tiers=["ram", *also],
+            on_disk="disk" in also,
             source=block.source,
         )

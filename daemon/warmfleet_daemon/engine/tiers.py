@@ -23,6 +23,7 @@ from typing import Protocol
 
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.tiers import Tier
+from warmfleet_daemon.cache.events import HeldBlock, TierListener
 from warmfleet_daemon.cache.prefix_cache import BlockSource, InsertOutcome, PrefixCache
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.requests import GenerationRequest
@@ -53,6 +54,14 @@ class CacheTier(Protocol):
 
     @property
     def name(self) -> Tier: ...
+
+    # Told of the blocks it gains and loses (RAM's changes are the prefix cache's own).
+    listeners: list[TierListener]
+
+    def held(self) -> Sequence[HeldBlock]:
+        """Every block it holds now, for a snapshot of the cache (RAM's are the prefix
+        cache's own; a peer's are the peer's)."""
+        ...
 
     def prefetch(
         self,
@@ -122,6 +131,10 @@ class RamTier:
 
     def __init__(self, cache: PrefixCache[kv.BlockPayload]) -> None:
         self.cache = cache
+        self.listeners: list[TierListener] = []  # the prefix cache tells its own
+
+    def held(self) -> Sequence[HeldBlock]:
+        return ()  # the prefix cache's snapshot lists them, with what only RAM knows
 
     def prefetch(
         self,

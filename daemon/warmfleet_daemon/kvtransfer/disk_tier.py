@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.tiers import Tier
+from warmfleet_daemon.cache.events import TierListener
 from warmfleet_daemon.cache.prefix_cache import BlockSource, BlockView, PrefixCache
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.requests import GenerationRequest
@@ -57,7 +58,6 @@ from warmfleet_daemon.support.regular_files import (
 log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
-DiskListener = Callable[[Literal["stored", "evicted"], DiskEntry], None]
 _MAX_HEADER = 1 << 20  # a block's safetensors header: metadata and tensor offsets
 DEFAULT_QUEUE_BYTES = 256 << 20
 
@@ -113,7 +113,7 @@ class DiskTier:
         self._dropped = self._ignored = 0
         # Told of every block the disk gains or loses, under the tier's lock (the cache
         # event log: tier "disk"). Must not block.
-        self.listeners: list[DiskListener] = []
+        self.listeners: list[TierListener] = []
         self._to_delete: list[DiskEntry] = []  # files of a cleared cache, to delete
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -369,7 +369,7 @@ class DiskTier:
             except Exception:  # the event log must never stop the disk tier
                 log.exception("a disk-tier listener failed")
 
-    def entries(self) -> list[DiskEntry]:
+    def held(self) -> list[DiskEntry]:
         """Every block on disk (for the cache snapshot)."""
         with self._lock:
             return self._index.entries()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from warmfleet_common.chunking import BlockKey, Chunk
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_common.tiers import Tier, TierCosts
+from warmfleet_daemon.cache.events import HeldBlock, TierListener
 from warmfleet_daemon.cache.prefix_cache import BlockSource, PrefixCache
 from warmfleet_daemon.engine import kv
 from warmfleet_daemon.engine.requests import GenerationRequest
@@ -119,6 +120,7 @@ class PeerSpill:
         self._seconds = 0.0
         self._running: dict[threading.Thread, Prefetch] = {}
         self._stopping = False
+        self.listeners: list[TierListener] = []  # it holds nothing of its own to tell
 
     name: Tier = "peer"
 
@@ -189,6 +191,9 @@ class PeerSpill:
 
     def read_seconds(self, payload: kv.BlockPayload, chunk: Chunk, budget_s: float) -> float | None:
         return None  # a copy's cost is the link's to each peer: `copy_is_faster` weighs it
+
+    def held(self) -> Sequence[HeldBlock]:
+        return ()  # the peers' blocks are in their own snapshots
 
     def _copy(
         self,

@@ -133,14 +133,9 @@ class DaemonState:
             spill=settings.spill,
             spill_deadline_s=settings.spill_deadline_s,
         )
-        if transfer.disk is not None:  # the disk tier's blocks are events too (tier "disk")
-            transfer.disk.listeners.append(
-                lambda kind, e: events.record_block(
-                    kind, e.key, e.parent, e.start, e.end, e.logits, "disk"
-                )
-            )
         for tier in transfer.tiers:  # the disk, the peer copies of a spill
             engine.attach_tier(tier)
+            tier.listeners.append(events.tier_listener(tier.name))  # the router follows them
         # Measured before the engine's thread starts (the model is idle), on a thread of its
         # own that is gone before we go on (see on_a_thread_of_its_own).
         costs = on_a_thread_of_its_own(

@@ -251,5 +251,5 @@ def test_events_and_the_snapshot_say_which_tier_holds_a_block(tiny, make_engine,
     # large for this RAM, only there); some left RAM later, none left the disk.
     assert mine.count(("stored", "disk")) == len(keys)
     assert ("evicted", "ram") in mine and ("evicted", "disk") not in mine
-    assert {bytes.fromhex(k) for k in keys} <= {e.key for e in setup.disk.entries()}
+    assert {bytes.fromhex(k) for k in keys} <= {e.key for e in setup.disk.held()}
     events.unsubscribe(subscription)

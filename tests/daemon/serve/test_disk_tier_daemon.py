@@ -54,12 +54,13 @@ def test_a_restarted_daemon_resumes_a_session_from_disk(tmp_path: Path) -> None:
         snapshot = httpx.get(f"{second.url}/v1/cache/snapshot", timeout=30).json()
         tiers = {b["tier"] for b in snapshot["blocks"]}
         assert tiers == {"disk"} and len(snapshot["blocks"]) >= 3  # before any request
-        assert all(b["on_disk"] for b in snapshot["blocks"])
+        assert all(b["on_disk"] and b["tiers"] == ["disk"] for b in snapshot["blocks"])
         after = chat(second.url)
         # Read back into RAM, still on disk: a RAM eviction leaves them disk blocks.
         snapshot = httpx.get(f"{second.url}/v1/cache/snapshot", timeout=30).json()
         in_ram = [b for b in snapshot["blocks"] if b["tier"] == "ram"]
         assert in_ram and any(b["on_disk"] for b in in_ram)
+        assert {tuple(b["tiers"]) for b in in_ram} <= {("ram",), ("ram", "disk")}
         status = httpx.get(f"{second.url}/v1/status", timeout=10).json()
     finally:
         second.stop()
