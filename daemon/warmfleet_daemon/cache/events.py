@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
 from warmfleet_common.chunking import BlockKey
-from warmfleet_common.tiers import Tier
+from warmfleet_common.tiers import FASTEST, Tier
 from warmfleet_common.wire import (
     BlockEvicted,
     BlockStored,
@@ -151,7 +151,8 @@ class CacheEventLog(Generic[P]):
         tier: Tier = "ram",
         source: str | None = None,
     ) -> None:
-        """One event; the disk tier calls this for its own (tier "disk")."""
+        """One event (`tier`: where the block entered or left; the tiers beyond RAM tell
+        theirs through `tier_listener`)."""
         with self._lock:
             self._seq += 1
             if key is None:
@@ -213,7 +214,7 @@ class CacheEventLog(Generic[P]):
             end=block.end,
             logits=self._has_logits(block.payload),
             pinned=block.pinned,
-            tiers=["ram", *also],
+            tiers=[FASTEST, *also],
             on_disk="disk" in also,
             source=block.source,
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from warmfleet_common import __version__, otel
+from warmfleet_common.tiers import TIERS
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
@@ -112,7 +113,7 @@ class Telemetry(otel.Metrics):
             "warmfleet.prefix_cache.tier.hit_tokens",
             unit="{token}",
             description="Prompt tokens served from the prefix cache, by the tier they came "
-            "from (warmfleet.cache.tier: ram, disk, peer: copied from a peer daemon on a spill)",
+            f"from (warmfleet.cache.tier: {', '.join(TIERS)})",
         )
         self._warmup = meter.create_histogram(
             "warmfleet.warmup.duration",
