@@ -126,16 +126,13 @@ def _request(
             param=param,
             code="context_length_exceeded",
         )
-    if max_tokens is not None and n + max_tokens > context:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{n + max_tokens} tokens ({n} in the {param}, {max_tokens} in the completion).",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+    # More than the context leaves (opencode asks for 32,000 whatever the model): the
+    # answer runs to the context's end and finishes with "length", as on Anthropic's route.
+    room = context - n
     sampling = SamplingParams(
-        max_tokens=max_tokens or min(settings.default_max_tokens, ceiling or context, context - n),
+        max_tokens=min(max_tokens, room)
+        if max_tokens is not None
+        else min(settings.default_max_tokens, ceiling or context, room),
         temperature=settings.default_temperature if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
