@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.processes import Daemon, free_port
+from support.processes import Daemon, free_port, interrupt, wait_warm
 
 BENCH = ["--prompts", "short,medium", "--concurrency", "1,2", "--max-tokens", "4"]
 
@@ -25,13 +24,6 @@ BENCH = ["--prompts", "short,medium", "--concurrency", "1,2", "--max-tokens", "4
 def warmfleet(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "warmfleet_cli", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def wait_warm(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(f"{url}/readyz", params={"warm": 1}).status_code != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
 
 
 def test_cold_then_warm_then_compare(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
@@ -155,12 +147,7 @@ def mlx_lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
             time.sleep(0.2)
         yield url, str(model_dir)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process, timeout=20)
 
 
 def test_against_mlx_lm_server(mlx_lm_server: tuple[str, str], tmp_path: Path) -> None:

@@ -32,7 +32,6 @@ CLAUDE_CODE_MAX_OUTPUT_TOKENS and `--max-output-tokens` keep the turns mostly pr
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ from support.agent_clis import (
     needs,
     version,
 )
-from support.processes import free_port
+from support.processes import free_port, interrupt
 
 MODEL = "SmolLM2-135M-Instruct"  # the served name: Claude Code reads "default" as its own alias
 CONTEXT = 32768  # Claude Code's first request is ~12.7k tokens, Codex's ~9.1k
@@ -140,12 +139,7 @@ def fleet(captured: Path, record_testsuite_property: Any) -> Iterator[Fleet]:
         daemons = [f"http://127.0.0.1:{port + i}" for i in (1, 2)]
         yield Fleet(f"http://127.0.0.1:{port}", daemons, warm, log)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        interrupt(proc, timeout=60)
 
 
 def _free(port: int) -> bool:

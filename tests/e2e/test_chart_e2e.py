@@ -13,11 +13,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,71 +24,12 @@ import httpx
 import pytest
 import yaml
 
-from support.processes import Daemon, free_port, start_daemon
+from support.cluster import ROOT, get, kubectl, run, service_account_kubeconfig, wait
+from support.processes import Daemon, free_port, interrupt, start_daemon
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "warmfleet"
 SYSTEM = "You are Quill, the docs team's writing assistant. " * 6
-
-
-def _tool(name: str) -> str:
-    local = ROOT / ".tools" / "bin" / name
-    found = str(local) if local.exists() else shutil.which(name)
-    if not found:
-        pytest.fail(f"the e2e suite needs {name} (make test installs it to .tools/bin)")
-    return found
-
-
-def run(tool: str, *args: str, stdin: str | None = None, check: bool = True) -> str:
-    done = subprocess.run(
-        [_tool(tool), *args], input=stdin, capture_output=True, text=True, timeout=180
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(f"{tool} {' '.join(args)}: {done.stderr}")
-    return done.stdout
-
-
-def kubectl(*args: str, check: bool = True) -> str:
-    return run("kubectl", *args, check=check)
-
-
-def get(kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-    out = kubectl("get", kind, name, "-o", "json", *(["-n", namespace] if namespace else []),
-                  check=False)  # fmt: skip
-    return json.loads(out) if out else None
-
-
-def wait(check: Any, timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def token_kubeconfig(path: Path, namespace: str, service_account: str) -> Path:
-    """A kubeconfig with the cluster of $KUBECONFIG and a token of `service_account`."""
-    token = kubectl("-n", namespace, "create", "token", service_account).strip()
-    admin = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
-    context = next(c["context"] for c in admin["contexts"] if c["name"] == admin["current-context"])
-    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "sa",
-                "clusters": [{**cluster, "name": "c"}],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa",
-                                                        "namespace": namespace}}],
-            }
-        )
-    )  # fmt: skip
-    return path
 
 
 class Release:
@@ -176,7 +114,7 @@ def daemons(release: Release) -> Iterator[list[Daemon]]:
 @pytest.fixture(scope="module")
 def operator(release: Release, daemons: list[Daemon]) -> Iterator[Path]:
     """`warmfleet operator` with the chart's own arguments and ServiceAccount token."""
-    kubeconfig = token_kubeconfig(
+    kubeconfig = service_account_kubeconfig(
         release.tmp / "operator.kubeconfig", release.namespace, f"{release.fullname}-operator"
     )
     log = release.tmp / "operator.log"
@@ -194,11 +132,7 @@ def operator(release: Release, daemons: list[Daemon]) -> Iterator[Path]:
     kubectl("-n", release.namespace, "delete", "wps", "--all", "--timeout=60s", check=False)
     kubectl("delete", "wn", "-l", f"warmfleet.io/pool={release.name}", "--timeout=60s",
             check=False)  # fmt: skip
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    interrupt(proc, timeout=60)
 
 
 def test_helm_install_then_upgrade_keeps_the_admin_token(release: Release) -> None:
@@ -265,7 +199,7 @@ def test_operator_with_the_charts_serviceaccount_warms_the_charts_set(
 
 
 def test_register_creates_a_warmnode_the_operator_probes(release: Release, operator: Path) -> None:
-    kubeconfig = token_kubeconfig(
+    kubeconfig = service_account_kubeconfig(
         release.tmp / "register.kubeconfig", release.namespace, f"{release.fullname}-register"
     )
     token = release.tmp / "admin-token"

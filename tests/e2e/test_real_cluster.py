@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +28,11 @@ import pytest
 import yaml
 
 from support.agents import claude_code, codex
-from support.processes import Daemon, start_daemon
+from support.cluster import ROOT, apply, get, kubectl, service_account_kubeconfig, tool, wait
+from support.processes import Daemon, interrupt, start_daemon
 from warmfleet_common.agent_apis.prefix import warm_prompt
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-admin-token-" + uuid.uuid4().hex
 SYSTEM = "You are the e2e assistant. " * 10
 
@@ -46,62 +45,14 @@ def report(record: Record, what: str, seconds: float) -> None:
     record(f"e2e timing: {what}", f"{seconds:.1f} s")
 
 
-def kubectl_binary() -> str:
-    local = ROOT / ".tools" / "bin" / "kubectl"
-    found = str(local) if local.exists() else shutil.which("kubectl")
-    if not found:
-        pytest.fail("the e2e suite needs kubectl (make test installs it to .tools/bin)")
-    return found
-
-
-def kubectl(
-    *args: str, stdin: str | None = None, check: bool = True, kubeconfig: str | None = None
-) -> str:
-    env = {**os.environ, **({"KUBECONFIG": kubeconfig} if kubeconfig else {})}
-    done = subprocess.run(
-        [kubectl_binary(), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}")
-    return done.stdout
-
-
-def apply(*docs: dict[str, Any], server_side: bool = False) -> None:
-    extra = ["--server-side", "--field-manager=e2e"] if server_side else []
-    body = "\n---\n".join(json.dumps(d) for d in docs)
-    kubectl("apply", *extra, "-f", "-", stdin=body)
-
-
 def refused(doc: dict[str, Any]) -> str:
     """kubectl apply's error for a document the API server refuses."""
     done = subprocess.run(
-        [kubectl_binary(), "apply", "-f", "-"],
+        [tool("kubectl"), "apply", "-f", "-"],
         input=json.dumps(doc), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode != 0, done.stdout
     return done.stderr
-
-
-def get(kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-    args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
-    out = kubectl(*args, check=False)
-    return json.loads(out) if out else None
-
-
-def wait(check: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def condition(obj: dict[str, Any] | None, kind: str = "Ready") -> dict[str, Any]:
@@ -186,43 +137,12 @@ class Fleet:
         log.close()
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.send_signal(signal.SIGINT)
-            try:
-                self.operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
+        if self.operator is not None:
+            interrupt(self.operator)
         self.operator = None
 
     def log(self) -> str:
         return self.operator_log.read_text(errors="replace") if self.operator_log.exists() else ""
-
-
-def service_account_kubeconfig(namespace: str, path: Path) -> None:
-    """A kubeconfig that authenticates as the operator's ServiceAccount only."""
-    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
-    cluster = admin["clusters"][0]["cluster"]
-    token = kubectl(
-        "create", "token", "warmfleet-operator", "-n", namespace, "--duration", "2h"
-    ).strip()
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "operator",
-                "clusters": [{"name": "e2e", "cluster": cluster}],
-                "users": [{"name": "operator", "user": {"token": token}}],
-                "contexts": [
-                    {
-                        "name": "operator",
-                        "context": {"cluster": "e2e", "user": "operator", "namespace": namespace},
-                    }
-                ],
-            }
-        )
-    )
 
 
 def rbac(namespace: str) -> list[dict[str, Any]]:
@@ -261,7 +181,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "create", "secret", "generic", "daemon-token", "-n", namespace,
             f"--from-literal=token={TOKEN}",
         )  # fmt: skip
-        service_account_kubeconfig(namespace, fleet.kubeconfig)
+        service_account_kubeconfig(fleet.kubeconfig, namespace, "warmfleet-operator", "2h")
         fleet.start_daemon("a")
         fleet.start_daemon("b", state=True)
         fleet.start_operator()

@@ -5,39 +5,20 @@ about a second (it watches them), each with the admin token its Secret holds."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from support.cluster import ROOT, apply, kubectl, service_account_kubeconfig
 from support.processes import Daemon, start_daemon, start_router
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-router-token-" + uuid.uuid4().hex
-
-
-def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
-    local = ROOT / ".tools" / "bin" / "kubectl"
-    binary = str(local) if local.exists() else shutil.which("kubectl")
-    if not binary:
-        pytest.fail("the e2e suite needs kubectl (make test installs it to .tools/bin)")
-    done = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, timeout=120)
-    if check and done.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}")
-    return done.stdout
-
-
-def apply(*docs: dict[str, Any]) -> None:
-    kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(d) for d in docs))
 
 
 def report(record: Callable[[str, object], None], what: str, seconds: float) -> None:
@@ -82,30 +63,6 @@ def router_rbac(namespace: str) -> list[dict[str, Any]]:
         role("Role", secrets),
         binding("RoleBinding", "Role"),
     ]
-
-
-def service_account_kubeconfig(namespace: str, path: Path) -> None:
-    """A kubeconfig that authenticates as the router's ServiceAccount only."""
-    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
-    cluster = admin["clusters"][0]["cluster"]
-    token = kubectl("create", "token", "router", "-n", namespace, "--duration", "1h").strip()
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "router",
-                "clusters": [{"name": "e2e", "cluster": cluster}],
-                "users": [{"name": "router", "user": {"token": token}}],
-                "contexts": [
-                    {
-                        "name": "router",
-                        "context": {"cluster": "e2e", "user": "router", "namespace": namespace},
-                    }
-                ],
-            }
-        )
-    )
 
 
 class RouterFleet:
@@ -157,7 +114,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterFleet]:
         )  # fmt: skip
         apply(fleet.node("a"), *router_rbac(namespace))
         kubeconfig = workdir / "kubeconfig-router"
-        service_account_kubeconfig(namespace, kubeconfig)
+        service_account_kubeconfig(kubeconfig, namespace, "router")
         with pytest.MonkeyPatch.context() as env:
             env.setenv("KUBECONFIG", str(kubeconfig))
             fleet.router = start_router(

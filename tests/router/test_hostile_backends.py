@@ -18,11 +18,11 @@ import pytest
 import pytest_asyncio
 
 from support.layouts import tiny_layout
+from support.router import mocked_fleet
 from warmfleet_common import bounded
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.fleet import Fleet
 from warmfleet_router.index import ENTRY_BYTES, BlockIndex
-from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import ProxyOptions, RouterOptions
 from warmfleet_router.proxy import forward
 from warmfleet_router.routes import CHAT, COMPLETION
@@ -112,15 +112,8 @@ async def fake() -> Fake:
 
 @pytest_asyncio.fixture
 async def fleet(fake: Fake) -> AsyncIterator[Fleet]:
-    metrics = RouterMetrics()
-    options = RouterOptions(sync=SYNC, proxy=PROXY)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(fake)) as client:
-        fleet = Fleet(options, client, metrics)
-        try:
-            yield fleet
-        finally:
-            await fleet.close()
-            metrics.shutdown()
+    async with mocked_fleet(RouterOptions(sync=SYNC, proxy=PROXY), fake) as fleet:
+        yield fleet
 
 
 async def start(fleet: Fleet) -> Backend:

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from support.router import mocked_fleet
 from warmfleet_router.backend import BackendSpec
 from warmfleet_router.fleet import Fleet
-from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
 from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
 from warmfleet_router.proxy import forward
@@ -83,14 +83,8 @@ async def backends() -> Backends:
 @pytest_asyncio.fixture
 async def fleet(backends: Backends) -> AsyncIterator[Fleet]:
     options = RouterOptions(sync=SyncOptions(health_interval=3600, warm_sets_interval=3600))
-    metrics = RouterMetrics()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
-        fleet = Fleet(options, client, metrics)
-        try:
-            yield fleet
-        finally:
-            await fleet.close()
-            metrics.shutdown()
+    async with mocked_fleet(options, backends) as fleet:
+        yield fleet
 
 
 async def start(fleet: Fleet, *hosts: str) -> None:

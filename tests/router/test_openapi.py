@@ -13,14 +13,9 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi
-from schemathesis.specs.openapi.checks import (
-    response_schema_conformance,
-    status_code_conformance,
-)
 
+from support.openapi import CASES, CHECKS, cap
 from support.processes import Daemon
 from warmfleet_router.app import create_app
 from warmfleet_router.backend import BackendSpec
@@ -66,20 +61,10 @@ def _daemon(tiny_daemon: Daemon) -> Iterator[None]:
 
 
 @schema.parametrize()
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-)
+@CASES
 def test_every_operation_answers_as_documented(case: Any) -> None:
-    if isinstance(case.body, dict):
-        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens", "n"):
-            if isinstance(case.body.get(field), int) and case.body[field] > MAX_TOKENS:
-                case.body[field] = MAX_TOKENS
-    case.call_and_validate(
-        checks=[not_a_server_error, response_schema_conformance, status_code_conformance]
-    )
+    cap(case, ("max_tokens", "max_completion_tokens", "max_output_tokens", "n"), MAX_TOKENS)
+    case.call_and_validate(checks=CHECKS)
 
 
 def test_the_document_has_the_proxied_bodies_and_codes() -> None:

@@ -20,11 +20,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.processes import Daemon, start_daemon, start_router
+from support.processes import Daemon, start_daemon
 from support.promql import dashboard_queries, metric_names
+from support.router import AUTH, TOKEN, start_router_for, status, tiny_daemons, wait_following
 
-TOKEN = "router-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = {
     "role": "system",
     "content": "You are Relay, the incident commander's assistant. Keep answers short. " * 6,
@@ -33,32 +32,15 @@ SYSTEM = {
 
 @pytest.fixture(scope="module")
 def daemons() -> Iterator[list[Daemon]]:
-    started = [
-        start_daemon(
-            "--model", "tiny-random", "--block-size", "32", env={"WARMFLEET_ADMIN_TOKEN": TOKEN}
-        )
-        for _ in range(3)
-    ]
-    yield started
-    for d in started:
-        d.stop()
+    with tiny_daemons(tokens=[TOKEN] * 3) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def router(daemons: list[Daemon], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    token_file = Path(tmp_path_factory.mktemp("router")) / "token"
-    token_file.write_text(TOKEN + "\n")
-    backends = [arg for d in daemons for arg in ("--backend", d.url)]
     # Slow active checks: the failover tests exercise the passive ones.
-    r = start_router(*backends, "--admin-token-file", str(token_file), "--health-interval", "30")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        modes = [b["index"]["mode"] for b in status(r)["backends"]]
-        if modes == ["following"] * 3:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the router never followed every daemon's events: {status(r)}\n{r.log()}")
+    r = start_router_for(daemons, tmp_path_factory.mktemp("router"), "--health-interval", "30")
+    wait_following(r, 3)
     yield r
     r.stop()
 
@@ -66,10 +48,6 @@ def router(daemons: list[Daemon], tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="module")
 def client(router: Daemon) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
-
-
-def status(router: Daemon) -> dict[str, Any]:
-    return httpx.get(f"{router.url}/v1/router/status", headers=AUTH, timeout=10).json()
 
 
 def name_of(daemon: Daemon) -> str:
@@ -102,9 +80,7 @@ def test_a_router_is_ready_only_with_its_backends_indexed(
 ) -> None:
     # Its first request is keyed by the daemons' blocks (their tokenizers loaded), not
     # routed by history while the index catches up.
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    fresh = start_router("--backend", daemons[0].url, "--admin-token-file", str(token_file))
+    fresh = start_router_for(daemons[:1], tmp_path)
     try:
         (backend,) = status(fresh)["backends"]
         assert backend["index"]["mode"] == "following"
@@ -458,9 +434,7 @@ def test_a_session_pushed_to_the_disk_tier_is_predicted_and_served_from_disk(
         "--cache-dir", str(tmp_path / "kv"), "--no-next-turn-prefill",
         env={"WARMFLEET_ADMIN_TOKEN": TOKEN},
     )  # fmt: skip
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    router = start_router("--backend", daemon.url, "--admin-token-file", str(token_file))
+    router = start_router_for([daemon], tmp_path)
     try:
         client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
         costs = status(router)["backends"][0]["tier_costs"]

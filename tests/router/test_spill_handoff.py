@@ -17,14 +17,22 @@ import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.processes import Daemon, serving, start_daemon, start_router
+from support.processes import Daemon, serving
+from support.router import (
+    AUTH,
+    TOKEN,
+    start_router_for,
+    status,
+    tiny_daemons,
+    wait_following,
+    wait_for,
+)
 from warmfleet_common.grants import GRANT_HEADER, MAX_GRANT_S, issue_grant
 from warmfleet_common.spill import PEER_HEADER, PEER_SIGNATURE_HEADER, peer_signature
 from warmfleet_router.app import create_app
@@ -32,9 +40,8 @@ from warmfleet_router.backend import BackendSpec
 from warmfleet_router.options import RouterOptions
 from warmfleet_router.sync import SyncOptions
 
-TOKEN = "spill-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 DRAIN_S = 8
+SPILL = ("--spill", "always", "--drain-seconds", str(DRAIN_S))
 
 
 def history(topic: str) -> list[dict[str, str]]:
@@ -44,42 +51,37 @@ def history(topic: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def daemons() -> Iterator[list[Daemon]]:
-    args = ["--model", "tiny-random", "--block-size", "32", "--spill", "always"]
-    args += ["--drain-seconds", str(DRAIN_S)]
-    started = [start_daemon(*args, env={"WARMFLEET_ADMIN_TOKEN": TOKEN}) for _ in range(2)]
-    yield started
-    for d in started:
-        d.stop()
+    with tiny_daemons(*SPILL, tokens=[TOKEN] * 2) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def router(daemons: list[Daemon], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    token_file = Path(tmp_path_factory.mktemp("router")) / "token"
-    token_file.write_text(TOKEN + "\n")
-    backends = [arg for d in daemons for arg in ("--backend", d.url)]
-    r = start_router(
-        *backends, "--admin-token-file", str(token_file), "--health-interval", "0.3",
+    r = start_router_for(
+        daemons, tmp_path_factory.mktemp("router"), "--health-interval", "0.3",
         "--handoff-sessions", "1",
     )  # fmt: skip
-    wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+    wait_following(r, 2)
     yield r
     r.stop()
-
-
-def wait_for(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
-def status(router: Daemon) -> dict[str, Any]:
-    return httpx.get(f"{router.url}/v1/router/status", headers=AUTH, timeout=10).json()
 
 
 def chat(url: str, messages: list[dict[str, str]], **headers: str) -> httpx.Response:
     body = {"model": "default", "messages": messages, "temperature": 0, "max_tokens": 4}
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def a_session_on(router_url: str, holder: str, prefix: str) -> str:
+    """A new session key (PREFIX-1, PREFIX-2, ...) whose first turn the router sends to
+    `holder` (new sessions spread by a hash of their key)."""
+    return next(
+        key
+        for key in (f"{prefix}-{i}" for i in range(1, 40))
+        if chat(router_url, history(key), **{"x-session-affinity": key}).headers[
+            "x-warmfleet-backend"
+        ]
+        == holder
+    )
 
 
 def peer_hits(daemon: Daemon) -> float:
@@ -157,7 +159,7 @@ def test_a_deleted_backends_sessions_move_with_their_blocks(daemons: list[Daemon
     )
     with serving(create_app(nodes, options)) as url:
         r = Daemon(url, None, "")  # type: ignore[arg-type]
-        wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+        wait_following(r, 2)
         first = chat(url, history("trains"), **{"x-session-affinity": "d-0"})
         holder = first.headers["x-warmfleet-backend"]
         nodes.current = [s for s in specs if s.name != holder]  # its WarmNode is deleted
@@ -178,14 +180,7 @@ def test_a_draining_daemons_sessions_are_handed_off_or_spilled(
     first = chat(router.url, history("ships"), **{"x-session-affinity": "s-0"})
     assert first.status_code == 200
     holder = first.headers["x-warmfleet-backend"]
-    second_key = next(
-        key
-        for key in (f"s-{i}" for i in range(1, 40))
-        if chat(router.url, history(key), **{"x-session-affinity": key}).headers[
-            "x-warmfleet-backend"
-        ]
-        == holder
-    )
+    second_key = a_session_on(router.url, holder, "s")
     draining = next(d for d in daemons if d.url.removeprefix("http://") == holder)
     other = next(d for d in daemons if d is not draining)
     # A client cannot name a peer through the router: the header is dropped.
@@ -231,14 +226,10 @@ def auth(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Daemon]]:
+def own() -> Iterator[list[Daemon]]:
     """Two daemons, each with an admin token of its own."""
-    args = ["--model", "tiny-random", "--block-size", "32", "--spill", "always"]
-    args += ["--drain-seconds", str(DRAIN_S)]
-    started = [start_daemon(*args, env={"WARMFLEET_ADMIN_TOKEN": t}) for t in OWN_TOKENS]
-    yield started
-    for d in started:
-        d.stop()
+    with tiny_daemons(*SPILL, tokens=OWN_TOKENS) as started:
+        yield started
 
 
 def warm(daemon: Daemon, token: str, name: str, system: str, peers: list[Any]) -> dict[str, Any]:
@@ -366,16 +357,11 @@ def test_nodes_with_their_own_tokens_hand_off_and_spill_with_grants(own: list[Da
     logged = {d.url: len(d.log()) for d in own}  # what the tests before this one logged
     with serving(create_app(Nodes(specs), options)) as url:
         r = Daemon(url, None, "")  # type: ignore[arg-type]
-        wait_for(lambda: [b["index"]["mode"] for b in status(r)["backends"]] == ["following"] * 2)
+        wait_following(r, 2)
         first = chat(url, history("canals"), **{"x-session-affinity": "g-0"})
         assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < 32  # computed
         holder = first.headers["x-warmfleet-backend"]
-        second_key = next(
-            key
-            for key in (f"g-{i}" for i in range(1, 40))
-            if chat(url, history(key), **{"x-session-affinity": key}).headers["x-warmfleet-backend"]
-            == holder
-        )
+        second_key = a_session_on(url, holder, "g")
         draining = next(d for d in own if d.url.removeprefix("http://") == holder)
         other = next(d for d in own if d is not draining)
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import random
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from support.engine import request, run, tokens_of
+from support.processes import HandlerServer, QuietHandler, free_port
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_daemon.api.routes_kv import _frames
 from warmfleet_daemon.engine.core import Engine
@@ -28,6 +26,18 @@ def prompts(seed: int = 5) -> tuple[RenderedPrompt, RenderedPrompt]:
     return RenderedPrompt(tuple(prefix), (40,)), RenderedPrompt(
         tuple(prefix + question), (40, len(prefix))
     )
+
+
+def warm(engine: Engine) -> RenderedPrompt:
+    """`prompts()`'s warm prefix, prefilled and pinned in `engine` as warm-up does."""
+    prefix, _ = prompts()
+    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
+    return prefix
+
+
+def unreachable_url() -> str:
+    """An http URL on 127.0.0.1 that nobody listens on (a free port)."""
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def from_scratch(engine: Engine, prompt: RenderedPrompt) -> list[int]:
@@ -53,8 +63,7 @@ def attached(transfer: KVTransfer) -> KVTransfer:
 
 def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -> KVTransfer:
     transfer = KVTransfer(engine, state_dir=state_dir, snapshot_budget_bytes=budget)
-    prefix, _ = prompts()
-    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
+    prefix = warm(engine)
     keys = [c.key for c in engine.plan(prefix)]
     transfer.sync_snapshots(keys, [keys])
     assert transfer.snapshots is not None and transfer.snapshots.flush()
@@ -62,7 +71,7 @@ def warm_and_snapshot(engine: Engine, state_dir: Path, budget: int = 64 << 20) -
     return transfer
 
 
-class Peer:
+class Peer(HandlerServer):
     """GET /v1/cache/fingerprint and /v1/cache/blocks of `transfer`'s engine; with
     `cut_after` blocks, the connection drops halfway through the next block."""
 
@@ -71,19 +80,12 @@ class Peer:
         self.requests: list[str] = []
         peer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 peer.requests.append(url.path)
                 if url.path == "/v1/cache/fingerprint":
-                    body = json.dumps({**peer.transfer.status(), **peer.info}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self.send_json({**peer.transfer.status(), **peer.info})
                     return
                 keys = [bytes.fromhex(k) for k in parse_qs(url.query)["keys"][0].split(",")]
                 frames = list(_frames(peer.transfer.engine.cache, peer.transfer.codec, keys))
@@ -100,10 +102,4 @@ class Peer:
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_RDWR)  # the peer goes away
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

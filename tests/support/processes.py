@@ -1,8 +1,10 @@
 """Real processes for tests: `warmfleet serve` and `warmfleet router` in subprocesses on
-127.0.0.1, and an app served in process by a real uvicorn."""
+127.0.0.1 (or `warmfleet serve` run to its refusal), an app served in process by a real
+uvicorn, and a stdlib request handler served in process."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -14,8 +16,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import pytest
 import uvicorn
 from fastapi import FastAPI
 
@@ -31,14 +35,20 @@ class Daemon:
             return f.read()
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return interrupt(self.process)
+
+
+def interrupt(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """Stops `process` as Ctrl-C does (SIGINT), killed if it still runs after `timeout`
+    seconds; its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 def free_port() -> int:
@@ -57,6 +67,31 @@ def start_daemon(
 def start_router(*args: str, timeout: float = 60, port: int | None = None) -> Daemon:
     """`warmfleet router ARGS` on a free port, once its /readyz says a backend is ready."""
     return _start("router", args, timeout=timeout, env=None, port=port)
+
+
+def wait_warm(url: str, timeout: float = 120) -> None:
+    """Returns once the daemon at `url` has warmed every warm set it holds (its
+    /readyz?warm=1 answers 200); fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{url}/readyz", params={"warm": 1}).status_code != 200:
+        assert time.monotonic() < deadline, httpx.get(f"{url}/readyz", params={"warm": 1}).text
+        time.sleep(0.1)
+
+
+def serve_refusal(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`warmfleet serve --model tiny-random ARGS` on a free port without an admin token
+    (but `env`'s), run until it exits: a refusal to start (the test fails if it serves)."""
+    cmd = [sys.executable, "-m", "warmfleet_cli", "serve", "--model", "tiny-random"]
+    cmd += ["--port", str(free_port()), *args]
+    environ = {k: v for k, v in os.environ.items() if k != "WARMFLEET_ADMIN_TOKEN"}
+    try:
+        return subprocess.run(
+            cmd, env={**environ, **(env or {})}, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`{' '.join(cmd)}` kept running instead of refusing to start")
 
 
 @contextmanager
@@ -78,6 +113,40 @@ def serving(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A stdlib request handler that logs nothing; `send_json` answers 200 with JSON."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def send_json(self, document: object) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class HandlerServer:
+    """`handler` served by a stdlib HTTP server on a free 127.0.0.1 port (`url`), in a
+    thread of the test process, until close() (or the end of a `with` block)."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> HandlerServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _start(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -14,6 +13,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+
+from support.processes import HandlerServer, QuietHandler
 
 
 class Receiver:
@@ -39,7 +40,7 @@ class Receiver:
 def receiver() -> Iterator[tuple[Receiver, str]]:
     got = Receiver()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             assert self.path == "/v1/metrics", self.path
@@ -51,14 +52,8 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
             self.end_headers()
             self.wfile.write(reply)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield got, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with HandlerServer(Handler) as server:
+        yield got, server.url
 
 
 def test_metrics_are_pushed_over_otlp_http(daemon_factory, receiver) -> None:

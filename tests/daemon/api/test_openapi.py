@@ -9,14 +9,9 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from support.engine import model
+from support.openapi import CASES, CHECKS, cap
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.requests import EngineConfig
@@ -48,21 +43,10 @@ def _shut_down() -> Any:
 # subscriber leaves): schemathesis can only wait for it to end. Its answers are checked
 # in tests/daemon/serve/test_cache_events.py and test_the_event_feed_answers_as_documented.
 @schema.exclude(path="/v1/cache/events").parametrize()
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-)
+@CASES
 def test_every_operation_answers_as_documented(case: Any) -> None:
-    if isinstance(case.body, dict):
-        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-            if isinstance(case.body.get(field), int) and case.body[field] > MAX_TOKENS:
-                case.body[field] = MAX_TOKENS
-    case.call_and_validate(
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        checks=[not_a_server_error, response_schema_conformance, status_code_conformance],
-    )
+    cap(case, ("max_tokens", "max_completion_tokens", "max_output_tokens"), MAX_TOKENS)
+    case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, checks=CHECKS)
 
 
 def test_the_document_names_the_real_error_codes() -> None:

@@ -6,31 +6,16 @@ that never finishes a response is abandoned at a byte cap or the warm-up's deadl
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import struct
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
 import pytest
 
-from support.engine import request, run
-from support.kv import BLOCK, Peer, answer, from_scratch, prompts
+from support.kv import BLOCK, Peer, answer, from_scratch, prompts, unreachable_url
+from support.processes import HandlerServer, QuietHandler
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
-
-
-@pytest.fixture
-def warm_peer(tiny, make_engine) -> Iterator[KVTransfer]:
-    engine = make_engine(tiny, block_size=BLOCK)
-    transfer = KVTransfer(engine)
-    prefix, _ = prompts()
-    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
-    yield transfer
-    transfer.stop()
 
 
 def test_blocks_copied_from_a_peer_decode_like_scratch(warm_peer, tiny, make_engine) -> None:
@@ -82,9 +67,7 @@ def test_a_peer_with_another_fingerprint_gives_nothing(warm_peer, tiny, make_eng
 
 
 def test_an_unreachable_peer_gives_nothing(tiny, make_engine, caplog) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nobody listens once closed
+    url = unreachable_url()
     engine = make_engine(tiny, block_size=BLOCK)
     transfer = KVTransfer(engine, warm_from=[url])
     with caplog.at_level(logging.WARNING):
@@ -93,7 +76,7 @@ def test_an_unreachable_peer_gives_nothing(tiny, make_engine, caplog) -> None:
     transfer.stop()
 
 
-class HostilePeer:
+class HostilePeer(HandlerServer):
     """A peer that never finishes: an endless `/v1/cache/fingerprint`, a
     `/v1/cache/blocks` trickled a byte at a time, or an endless error body there."""
 
@@ -103,18 +86,11 @@ class HostilePeer:
         self.sent = 0
         peer = self
 
-        class Handler(BaseHTTPRequestHandler):  # HTTP/1.0: a body ends when the socket does
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):  # HTTP/1.0: a body ends when the socket does
             def do_GET(self) -> None:
                 fingerprint = urlparse(self.path).path == "/v1/cache/fingerprint"
                 if fingerprint and mode != "endless-fingerprint":
-                    body = json.dumps(transfer.status()).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self.send_json(transfer.status())
                     return
                 self.send_response(500 if mode == "endless-error-body" else 200)
                 self.end_headers()
@@ -132,13 +108,7 @@ class HostilePeer:
                 except OSError:  # the client went away
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.mark.timeout(60)  # a trickle used to keep the copy going for ever

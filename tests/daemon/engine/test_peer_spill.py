@@ -7,29 +7,17 @@ estimate says it is faster."""
 from __future__ import annotations
 
 import logging
-import socket
-from collections.abc import Iterator
 
 import pytest
 
 from support.engine import request, run, tokens_of
-from support.kv import BLOCK, Peer, answer, attached, from_scratch, prompts
+from support.kv import BLOCK, Peer, answer, attached, from_scratch, prompts, unreachable_url
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_common.tiers import TierCosts
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.requests import Usage
 from warmfleet_daemon.kvtransfer.spill import copy_is_faster
 from warmfleet_daemon.kvtransfer.transfer import KVTransfer
-
-
-@pytest.fixture
-def warm_peer(tiny, make_engine) -> Iterator[KVTransfer]:
-    engine = make_engine(tiny, block_size=BLOCK)
-    transfer = KVTransfer(engine)
-    prefix, _ = prompts()
-    run(engine, request(prefix.tokens, prefix.cuts, prefill_only=True, pin=True))
-    yield transfer
-    transfer.stop()
 
 
 def spilled(engine: Engine, prompt: RenderedPrompt, peer: str) -> tuple[list[int], Usage]:
@@ -80,9 +68,7 @@ def test_a_peer_that_disappears_mid_copy_leaves_the_rest_to_prefill(
 
 
 def test_an_unreachable_peer_means_prefill(tiny, make_engine) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nobody listens once closed
+    url = unreachable_url()
     engine = make_engine(tiny, block_size=BLOCK)
     transfer = attached(KVTransfer(engine, spill="always"))
     _, full = prompts()

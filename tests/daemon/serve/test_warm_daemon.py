@@ -4,23 +4,16 @@ persistence across a restart, and refusing to start unprotected."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
+from support.processes import serve_refusal, wait_warm
+
 SYSTEM = {"role": "system", "content": "You are Pager, the incident commander's assistant. " * 10}
 TOKEN = "integration-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def wait_warm(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(f"{url}/readyz", params={"warm": 1}).status_code != 200:
-        assert time.monotonic() < deadline, httpx.get(f"{url}/readyz", params={"warm": 1}).text
-        time.sleep(0.1)
 
 
 def ask(url: str, question: str, model: str = "tiny-random") -> dict:
@@ -94,17 +87,7 @@ def test_a_corrupt_state_file_is_reported_and_ignored(daemon_factory, tmp_path) 
 
 
 def test_refuses_to_listen_beyond_loopback_without_a_token() -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "warmfleet_cli",
-        "serve",
-        "--model",
-        "tiny-random",
-        "--host",
-        "0.0.0.0",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    done = serve_refusal("--host", "0.0.0.0")
     assert done.returncode == 2
     assert "without an admin token" in done.stderr
 
@@ -112,17 +95,7 @@ def test_refuses_to_listen_beyond_loopback_without_a_token() -> None:
 def test_a_bad_warm_prompts_file_fails_fast(tmp_path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("- name: x\n  messages: []\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "warmfleet_cli",
-        "serve",
-        "--model",
-        "tiny-random",
-        "--warm-prompts",
-        str(path),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    done = serve_refusal("--warm-prompts", str(path))
     assert done.returncode == 2 and "invalid warm prompts" in done.stderr
 
 

@@ -9,19 +9,12 @@ import time
 
 import httpx
 
-from support.processes import Daemon
+from support.processes import Daemon, wait_warm
 
 SYSTEM = {"role": "system", "content": "You are Relay, the on-call handover assistant. " * 14}
 TOKEN = "kv-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUESTION = "Who holds the pager tonight?"
-
-
-def wait_warm(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(f"{url}/readyz", params={"warm": 1}).status_code != 200:
-        assert time.monotonic() < deadline, httpx.get(f"{url}/readyz", params={"warm": 1}).text
-        time.sleep(0.1)
 
 
 def ask(url: str) -> tuple[str, int]:
