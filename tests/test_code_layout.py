@@ -5,8 +5,9 @@ and no source file grows past 600 lines (a room that crowded wants splitting by 
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
@@ -58,9 +59,7 @@ def test_every_module_is_in_a_layers_contract_below_its_package() -> None:
         module
         for package in PACKAGES
         for module in modules(package)
-        if not any(
-            module == n or module.startswith(n + ".") for n in named if n not in PACKAGES
-        )
+        if not any(module == n or module.startswith(n + ".") for n in named if n not in PACKAGES)
     ]
     assert outside == []
 
