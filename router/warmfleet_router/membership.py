@@ -145,7 +145,11 @@ class Membership:
             log.exception("backend discovery stopped; the backends stay as they are")
             raise
 
-    async def first_checks(self, timeout: float = 5.0) -> None:
+    async def first_checks(self, timeout: float = 30.0) -> None:
+        """Until each backend's first health check, and each ready one's index (its
+        snapshot read and its tokenizer loaded, or found without events), or `timeout`:
+        a backend that fails ends its wait at once, so only a slow but working one waits
+        this long (a busy machine took more than the 5 s this once was)."""
         await asyncio.gather(*(s.first_check(timeout) for s in self.syncs.values()))
 
     async def close(self) -> None:
