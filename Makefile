@@ -5,13 +5,18 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 WARM_PROMPTS ?= examples/daemon/warm-prompts.yaml
 NODES ?= 2
+# Coding agents' first requests are 9-16k tokens (Codex, Claude Code, Qwen Code) and their
+# sessions grow: 32k served, beyond the embedded model's own 8,192 (a warning is logged).
+MAX_CONTEXT ?= 32768
+STATE_DIR ?= .warmfleet
 
 .PHONY: run test setup lint bench clean
 
-# NODES daemons on PORT+1.., the operator in local mode, the router on PORT.
+# NODES daemons on PORT+1.., the operator in local mode, the router on PORT; each daemon keeps
+# its warm sets and its disk tier in STATE_DIR/node-N, so a restart comes back warm.
 run: $(STAMP)
 	$(VENV)/bin/warmfleet up --nodes $(NODES) --model default --host $(HOST) --port $(PORT) \
-		$(if $(WARM_PROMPTS),--warm $(WARM_PROMPTS))
+		--max-context $(MAX_CONTEXT) --state-dir $(STATE_DIR) $(if $(WARM_PROMPTS),--warm $(WARM_PROMPTS))
 
 test: $(STAMP)
 	./scripts/setup.sh --test-tools

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import secrets
 import shutil
 import signal
@@ -69,6 +70,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="each daemon's longest response, whatever a request asks or leaves open (Codex "
         "sets no limit)",
+    )
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="each daemon keeps its warm sets, their snapshots and its disk tier in DIR/node-N, "
+        "so a restart of the fleet comes back warm (default: nothing kept)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        help="of every component (default warning: the fleet says only what goes wrong, and "
+        "what `up` and the operator report)",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="every component logs every request, the polls of one another too",
     )
 
 
@@ -209,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
                 cmd += ["--max-context", str(args.max_context)]
             if args.max_output_tokens is not None:
                 cmd += ["--max-output-tokens", str(args.max_output_tokens)]
+            if args.state_dir is not None:
+                cmd += ["--state-dir", str(Path(args.state_dir) / f"node-{i + 1}")]
+            cmd += ["--log-level", args.log_level] + (["--access-log"] if args.access_log else [])
             children.append(Child(f"node-{i + 1}", _spawn(cmd)))
             _say(f"daemon node-{i + 1:<4} http://{args.host}:{port}  (model {args.model})")
         children.append(
@@ -222,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         router = [
             *me, "router", "--local", str(folder), "--admin-token-file", str(token_file),
             "--host", args.host, "--port", str(args.port), "--policy", args.policy,
-            "--log-level", "warning",
+            "--log-level", args.log_level, *(["--access-log"] if args.access_log else []),
         ]  # fmt: skip
         children.append(Child("router", _spawn(router)))
         _say(f"router         http://{args.host}:{args.port}  (OpenAI API at /v1, "
@@ -238,13 +259,56 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             if not ready_said and _fleet_ready(base, args.nodes, token):
                 ready_said = True
-                _say(f"ready: OPENAI_BASE_URL={base}/v1 (Ctrl-C stops everything)")
+                print(ready_block(base, args.nodes, _served_context(base)), flush=True)
             time.sleep(0.2)
         return 0
     finally:
         _stop(children)
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def ready_block(base: str, nodes: int, context: int | None) -> str:
+    """What `up` prints once the fleet serves: how to point each coding agent at it."""
+    served = f", a {context:,}-token context" if context else ""
+    codex_provider = (
+        f'model_providers.warmfleet={{name="warmfleet", base_url="{base}/v1", '
+        'wire_api="responses"}'
+    )
+    opencode = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "warmfleet": {
+                "npm": "@ai-sdk/openai-compatible",
+                "options": {"baseURL": f"{base}/v1"},
+                "models": {"default": {}},
+            }
+        },
+    }
+    lines = [
+        f"warmfleet up: ready: {nodes} daemon{'s' if nodes > 1 else ''} behind the router at "
+        f"{base}{served} "
+        "(Ctrl-C stops everything)",
+        f"  OpenAI clients  OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused, model default",
+        f"  Claude Code     ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=unused "
+        "ANTHROPIC_MODEL=default ANTHROPIC_SMALL_FAST_MODEL=default "
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 claude",
+        f"  Codex           codex -c model_provider=warmfleet -c '{codex_provider}' -m default",
+        f"  Qwen Code       OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused OPENAI_MODEL=default "
+        "qwen --auth-type openai",
+        f"  opencode        opencode.json: {json.dumps(opencode, separators=(',', ':'))}",
+        "                  then: opencode run -m warmfleet/default PROMPT",
+    ]
+    return "\n".join(lines)
+
+
+def _served_context(base: str) -> int | None:
+    """The context the router's backends serve (their `max_model_len`), if they say."""
+    try:
+        models = httpx.get(f"{base}/v1/models", timeout=2).json()["data"]
+        return int(models[0]["max_model_len"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 def _fleet_ready(base: str, nodes: int, token: str) -> bool:

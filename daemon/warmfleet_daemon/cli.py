@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from warmfleet_common.heap import freeze_heap
-from warmfleet_common.logs import setup_logging
+from warmfleet_common.logs import quiet_access_log, setup_logging
 from warmfleet_daemon.support.blas import ensure_fast_blas, log_blas
 
 log = logging.getLogger("warmfleet")
@@ -94,6 +94,13 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "sets no limit): longer ones end as cut by their own limit",
     )
     p.add_argument("--default-temperature", type=float)
+    p.add_argument(
+        "--access-log",
+        action="store_const",
+        const=True,
+        help="log every request, the polls of health, status, cache snapshots, events and "
+        "warm sets too (left out by default: they come every few seconds)",
+    )
     p.add_argument(
         "--warm-prompts",
         metavar="FILE",
@@ -294,6 +301,7 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
+    quiet_access_log(show_polls=settings.access_log)  # after uvicorn configured logging
     server = DrainingServer(config, app.state.daemon, settings.drain_seconds)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
         server.run(sockets=[listener])

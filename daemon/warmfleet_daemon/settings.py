@@ -90,6 +90,11 @@ class DaemonSettings(BaseSettings):
     )
     max_request_bytes: int = Field(8 * MiB, ge=1024)
     log_level: str = "info"
+    access_log: bool = Field(
+        False,
+        description="log every request, the router's and the operator's polls of health, "
+        "status, cache and warm sets too (they are left out otherwise)",
+    )
 
     # Telemetry.
     daemon_name: str | None = Field(

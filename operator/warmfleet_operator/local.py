@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,45 @@ from warmfleet_operator.reconcile import condition
 from warmfleet_operator.service import Service
 
 log = logging.getLogger(__name__)
+
+START_GRACE_S = 60.0  # daemons started with the operator are still loading their models
+
+
+class StatusNews:
+    """Which status changes local mode prints: a node's reachability once it was first
+    reached (or if it never is within START_GRACE_S), a set's Ready when it changes, but
+    not the unreachable nodes and unready sets of daemons that are still starting."""
+
+    def __init__(self, grace_s: float = START_GRACE_S) -> None:
+        self._until = time.monotonic() + grace_s
+        self._said_nodes: dict[str, bool] = {}
+        self._said_sets: dict[str, tuple[object, object]] = {}
+
+    def node(self, name: str, reachable: bool, error: str | None) -> None:
+        said = self._said_nodes.get(name)
+        if said is None and (reachable or self._starting()):
+            if reachable:
+                self._said_nodes[name] = True  # reached: no news while all is well
+            return
+        if said != reachable:
+            self._said_nodes[name] = reachable
+            detail = f" {error}" if error else ""
+            print(f"WarmNode {name}: reachable={reachable}{detail}", flush=True)
+
+    def warm_set(self, key: str, ready: Mapping[str, Any], nodes_warm: object) -> None:
+        state = (ready.get("status"), ready.get("reason"))
+        unready_at_start = ready.get("status") != "True" and self._starting()
+        if state == self._said_sets.get(key) or unready_at_start:
+            return
+        self._said_sets[key] = state
+        print(
+            f"WarmPromptSet {key}: Ready={state[0]} {state[1]} ({nodes_warm} nodes warm) "
+            f"{ready.get('message', '')}",
+            flush=True,
+        )
+
+    def _starting(self) -> bool:
+        return time.monotonic() < self._until
 
 
 class FolderTokens:
@@ -54,6 +94,7 @@ async def run_local(
     service = Service(daemons, snapshot_max_age=resync)  # each pass probes first
     statuses: dict[str, Any] = {"warmNodes": {}, "warmPromptSets": {}}
     previous_sets: set[SetKey] = set()
+    news = StatusNews(grace_s=0.0 if once else START_GRACE_S)
     stop = stop or asyncio.Event()
     try:
         while True:
@@ -61,7 +102,7 @@ async def run_local(
             tokens.folder = folder
             for error in folder.errors:
                 log.warning("%s", error)
-            statuses = await _pass(service, folder, statuses, previous_sets)
+            statuses = await _pass(service, folder, statuses, previous_sets, news)
             previous_sets = set(folder.sets)
             if status_file is not None:
                 _write_json(status_file, statuses)
@@ -75,7 +116,11 @@ async def run_local(
 
 
 async def _pass(
-    service: Service, folder: Folder, before: dict[str, Any], previous_sets: set[SetKey]
+    service: Service,
+    folder: Folder,
+    before: dict[str, Any],
+    previous_sets: set[SetKey],
+    news: StatusNews,
 ) -> dict[str, Any]:
     node_statuses: dict[str, Any] = {}
     nodes: list[Node] = []
@@ -83,9 +128,7 @@ async def _pass(
         probe = await service.probe(Node.from_object(doc))
         node_statuses[name] = probe
         nodes.append(Node.from_object({**doc, "status": probe}))
-        if probe.get("reachable") != (before["warmNodes"].get(name) or {}).get("reachable"):
-            detail = f" {probe['error']}" if probe.get("error") else ""
-            print(f"WarmNode {name}: reachable={probe['reachable']}{detail}", flush=True)
+        news.node(name, bool(probe.get("reachable")), probe.get("error"))
     set_statuses: dict[str, Any] = {}
     for key, doc in sorted(folder.sets.items(), key=lambda kv: str(kv[0])):
         old = before["warmPromptSets"].get(str(key))
@@ -104,14 +147,9 @@ async def _pass(
             set_statuses[str(key)] = old
             continue
         set_statuses[str(key)] = outcome.status
-        ready = condition(outcome.status, "Ready") or {}
-        was = condition(old or {}, "Ready") or {}
-        if (ready.get("status"), ready.get("reason")) != (was.get("status"), was.get("reason")):
-            print(
-                f"WarmPromptSet {key}: Ready={ready.get('status')} {ready.get('reason')} "
-                f"({outcome.status['warmNodes']} nodes warm) {ready.get('message', '')}",
-                flush=True,
-            )
+        news.warm_set(
+            str(key), condition(outcome.status, "Ready") or {}, outcome.status["warmNodes"]
+        )
     for key in previous_sets - set(folder.sets):
         failed = await service.remove_everywhere(key, nodes)
         notes = [f"unreachable: {', '.join(failed.unreachable)}"] if failed.unreachable else []

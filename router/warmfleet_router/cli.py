@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -88,6 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--from-cluster: where Secrets without a namespace are",
     )
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every request it answers, health and status polls included",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,23 +164,23 @@ def run(args: argparse.Namespace) -> int:
         freeze_gc_heap=True,
     )
     app = create_app(source, options)
-    print(
-        f"warmfleet router: listening on http://{args.host}:{args.port} (policy {args.policy})",
-        flush=True,
+    logging.getLogger("warmfleet_router").info(
+        "listening on http://%s:%d (policy %s)", args.host, args.port, args.policy
     )
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
-        access_log=False,
+        access_log=args.access_log,
         # uvloop and httptools: a third of the router's CPU per request was asyncio's loop
         # and h11's parser (bench/router_overhead.py).
         loop="uvloop" if _importable("uvloop") else "asyncio",
         http="httptools" if _importable("httptools") else "h11",
     )
     server = uvicorn.Server(config)
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
+        server.run()
     return 0 if server.started else 3  # as uvicorn.run: 3 when it could not start
 
 

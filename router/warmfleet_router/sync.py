@@ -29,6 +29,7 @@ import contextlib
 import logging
 import math
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -58,6 +59,8 @@ from warmfleet_router.backend import Backend
 from warmfleet_router.index import BlockIndex
 
 log = logging.getLogger(__name__)
+
+START_GRACE_S = 60.0  # a daemon loading its model answers 503 or not at all meanwhile
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -126,6 +129,11 @@ class BackendSync:
         self._indexed = asyncio.Event()
         self._models_read = -math.inf  # loop time of the last read of its model names
         self._logged: dict[str, str] = {}  # what -> the error type logged for it
+        # Until it was first ready (and for START_GRACE_S at most), failed reads are what a
+        # daemon that is starting answers: said once at INFO, warned only if they last.
+        self._created = time.monotonic()
+        self._was_ready = False
+        self._logged_starting: dict[str, str] = {}
 
     def start(self) -> None:
         name = self.backend.name
@@ -179,7 +187,11 @@ class BackendSync:
         text = f"{kind}: {exc}"
         text = text if len(text) <= 500 else text[:497] + "..."
         self.backend.problems[what] = text
-        if self._logged.get(what) != kind:
+        if self._starting():
+            if self._logged_starting.get(what) != kind:
+                self._logged_starting[what] = kind
+                log.info("backend %s: %s: %s (not ready yet)", self.backend.name, what, text)
+        elif self._logged.get(what) != kind:
             self._logged[what] = kind
             log.warning(
                 "backend %s: %s: %s (logged once; counted in "
@@ -191,6 +203,9 @@ class BackendSync:
             )
         if self._on_trouble:
             self._on_trouble(self.backend, what, kind)
+
+    def _starting(self) -> bool:
+        return not self._was_ready and time.monotonic() - self._created < START_GRACE_S
 
     def _fine(self, what: str) -> None:
         if self.backend.problems.pop(what, None) is not None:
@@ -246,6 +261,7 @@ class BackendSync:
                 await self.read_models()
                 self._models_read = now
             backend.set_health("ready")
+            self._was_ready = True
             return
         status = _status_field(answer.content)
         detail = status or answer.content[:200].decode(errors="replace")

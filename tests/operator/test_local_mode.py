@@ -229,3 +229,27 @@ def test_a_node_joining_a_warm_pool_copies_the_blocks_from_its_peer(tmp_path: Pa
         warm.stop()
         joining.stop()
     assert proc.returncode == 0, out
+
+
+def test_local_mode_says_nothing_of_daemons_that_are_still_starting(capsys) -> None:
+    from warmfleet_operator.local import StatusNews
+
+    starting = StatusNews(grace_s=60)
+    starting.node("node-1", False, "ConnectError: refused")  # loading its model
+    starting.warm_set("default/agents", {"status": "False", "reason": "NodesUnreachable"}, "0/1")
+    starting.node("node-1", True, None)  # reached: all is well, no news
+    starting.warm_set("default/agents", {"status": "True", "reason": "AllWarm"}, "1/1")
+    starting.node("node-1", False, "ConnectError: refused")  # it was up: news
+    assert capsys.readouterr().out.splitlines() == [
+        "WarmPromptSet default/agents: Ready=True AllWarm (1/1 nodes warm) ",
+        "WarmNode node-1: reachable=False ConnectError: refused",
+    ]
+
+    late = StatusNews(grace_s=0)  # past the start: a node never reached is news
+    late.node("node-2", False, "ConnectError: refused")
+    late.node("node-2", False, "ConnectError: refused")
+    late.warm_set("default/agents", {"status": "False", "reason": "NodesUnreachable"}, "0/1")
+    assert capsys.readouterr().out.splitlines() == [
+        "WarmNode node-2: reachable=False ConnectError: refused",
+        "WarmPromptSet default/agents: Ready=False NodesUnreachable (0/1 nodes warm) ",
+    ]

@@ -20,6 +20,7 @@ import pytest_asyncio
 from support.layouts import tiny_layout
 from support.router import mocked_fleet
 from warmfleet_common import bounded
+from warmfleet_router import sync
 from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.fleet import Fleet
 from warmfleet_router.index import ENTRY_BYTES, BlockIndex
@@ -426,3 +427,21 @@ async def test_session_keys_are_hashed_past_the_limit_and_the_table_has_a_byte_b
         table.served(f"{long}{i}", "d0")
     assert table.size_bytes <= 100_000 and table.forgotten > 9_000
     assert table.get(f"{long}9999") == "d0"
+
+
+async def test_a_backend_that_is_still_starting_is_no_warning_until_it_lasts(
+    fleet: Fleet, fake: Fake, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon loading its model answers 503: expected while the fleet starts, said once
+    at INFO; if it never becomes ready within the start grace, a warning."""
+    caplog.set_level(logging.INFO)
+    loading = lambda r: httpx.Response(503, json={"status": "loading"})  # noqa: E731
+    fake.routes["/readyz"] = fake.routes["/v1/cache/snapshot"] = loading
+    monkeypatch.setattr(sync, "START_GRACE_S", 0.5)
+    await start(fleet)
+    await until(lambda: read_errors(fleet, "snapshot") >= 3)  # counted each time
+    starting = [r for r in caplog.records if "backend d: snapshot:" in r.getMessage()]
+    assert [r.levelno for r in starting] == [logging.INFO]
+    assert "not ready yet" in starting[0].getMessage()
+    await asyncio.sleep(0.6)  # past the grace, still not ready: now it is trouble
+    await until(lambda: len(warnings_about(caplog, "snapshot")) == 1)

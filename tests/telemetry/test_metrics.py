@@ -140,3 +140,29 @@ def test_metrics_match_the_requests(client) -> None:
             if name.startswith("warmfleet_router_"):
                 continue  # the router's (tests/router/test_router_daemons.py)
             assert name in exported, f"{where} reads {name}, which /metrics does not export"
+
+
+def test_a_daemon_without_a_disk_tier_exports_every_series_the_dashboards_read() -> None:
+    """No disk tier (no --cache-dir or --state-dir) and no request yet: every daemon series
+    a dashboard query or an alert names is there, the disk tier's at 0 ("off"), so no panel
+    of a healthy fleet reads "No data"."""
+    engine = Engine(model("tiny-random"), EngineConfig(block_size=32, cache_budget_bytes=64 << 20))
+    settings = DaemonSettings(model="tiny-random", daemon_name="mac-plain")
+    with TestClient(create_app(settings, engine=engine)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        values = samples(client)
+    exported = {name for name, _ in values}
+    missing = {
+        name
+        for _, expr in [*dashboard_queries(), *rule_exprs()]
+        for name in metric_names(expr)
+        if not name.startswith("warmfleet_router_") and name not in exported
+    }
+    # Histograms and counters of requests appear with the first request; everything else
+    # (gauges, the tiers, warm sets) is there from the start.
+    assert {n for n in missing if not n.startswith(("gen_ai_", "warmfleet_prefix_cache"))} == set()
+    disk = {name: v for (name, _), v in values.items() if name.startswith("warmfleet_disk_tier_")}
+    assert disk and set(disk.values()) == {0.0}

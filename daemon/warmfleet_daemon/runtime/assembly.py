@@ -173,8 +173,7 @@ class DaemonState:
         )
         telemetry.observe_engine(engine)
         telemetry.observe_warm_sets(warm)
-        if transfer.disk is not None:
-            telemetry.observe_disk_tier(transfer.disk)
+        telemetry.observe_disk_tier(transfer.disk)  # at 0 without one: "off", not "No data"
         telemetry.observe_spill(transfer.spill)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)

@@ -191,15 +191,19 @@ class Telemetry(otel.Metrics):
             )
         engine.observers.append(self.observe)
 
-    def observe_disk_tier(self, disk: DiskTier) -> None:
-        """The disk tier's gauges and counters, read from its stats at collection."""
+    def observe_disk_tier(self, disk: DiskTier | None) -> None:
+        """The disk tier's gauges and counters, read from its stats at collection. Without
+        a disk tier every series is there at 0 (`enabled` 0: off), so a dashboard panel
+        says "off" rather than "No data"."""
         meter, base = self._meter, self._base
 
         def read(field: str) -> _Callback:
+            if disk is None:
+                return lambda _: [Observation(0, base)]
             return lambda _: [Observation(getattr(disk.stats(), field), base)]
 
         def enabled(_: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(1 if disk.stats().state == "on" else 0, base)
+            yield Observation(1 if disk is not None and disk.stats().state == "on" else 0, base)
 
         meter.create_observable_gauge(
             "warmfleet.disk_tier.enabled",
@@ -258,7 +262,11 @@ class Telemetry(otel.Metrics):
         base = self._base
 
         def prompts(_: CallbackOptions) -> Iterable[Observation]:
-            for s in manager.list():
+            sets = manager.list()
+            if not sets:  # each state at 0: the panel says "none", not "No data"
+                for state in ("pending", "warming", "warm", "failed"):
+                    yield Observation(0, {**base, "warmfleet.warm_prompt.state": state})
+            for s in sets:
                 for state in ("pending", "warming", "warm", "failed"):
                     yield Observation(
                         sum(p.state.value == state for p in s.prompts),
