@@ -16,6 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import anyio
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
@@ -192,7 +193,13 @@ async def heartbeat(
             yield item
     finally:
         if pending is not None:
+            # `events` is inside that `anext` until the task ends: closing it before then
+            # (the client went away) would raise "asynchronous generator is already running".
             pending.cancel()
+            with anyio.CancelScope(shield=True):  # the request's scope is being cancelled
+                await asyncio.wait({pending})
+            if not pending.cancelled():
+                pending.exception()  # retrieved: it failed as the stream ended
 
 
 def output_splitter(
