@@ -8,6 +8,9 @@ NODES ?= 2
 # Coding agents' first requests are 9-16k tokens (Codex, Claude Code, Qwen Code) and their
 # sessions grow: 32k served, beyond the embedded model's own 8,192 (a warning is logged).
 MAX_CONTEXT ?= 32768
+# Past its training context the 135M model seldom ends an answer, and Codex asks for no
+# limit: every response is bounded, so each agent gets its answer in time.
+MAX_OUTPUT_TOKENS ?= 256
 STATE_DIR ?= .warmfleet
 
 .PHONY: run test setup lint bench clean
@@ -16,7 +19,8 @@ STATE_DIR ?= .warmfleet
 # its warm sets and its disk tier in STATE_DIR/node-N, so a restart comes back warm.
 run: $(STAMP)
 	$(VENV)/bin/warmfleet up --nodes $(NODES) --model default --host $(HOST) --port $(PORT) \
-		--max-context $(MAX_CONTEXT) --state-dir $(STATE_DIR) $(if $(WARM_PROMPTS),--warm $(WARM_PROMPTS))
+		--max-context $(MAX_CONTEXT) --max-output-tokens $(MAX_OUTPUT_TOKENS) --state-dir $(STATE_DIR) \
+		$(if $(WARM_PROMPTS),--warm $(WARM_PROMPTS))
 
 test: $(STAMP)
 	./scripts/setup.sh --test-tools
