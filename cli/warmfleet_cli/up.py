@@ -268,6 +268,23 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+CLAUDE_CODE_MIN_COMPACT_WINDOW = 100_000  # Claude Code 2.1 reads a smaller window as this
+QWEN_CODE_TIMEOUT_MS = 1_800_000  # its default 120 s is less than a cold CPU prefill
+
+
+def claude_code_compaction(context: int) -> dict[str, str]:
+    """What makes Claude Code compact its conversation at three quarters of `context`,
+    before a daemon would refuse it: a model it does not know gets a 1M-token window
+    (and compacts at ~980k), `CLAUDE_CODE_AUTO_COMPACT_WINDOW` takes no less than 100k,
+    and `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` lowers the threshold within that window."""
+    window = max(context, CLAUDE_CODE_MIN_COMPACT_WINDOW)
+    percent = max(1, context * 75 // window)
+    return {
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window),
+        "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(percent),
+    }
+
+
 def ready_block(base: str, nodes: int, context: int | None) -> str:
     """What `up` prints once the fleet serves: how to point each coding agent at it."""
     served = f", a {context:,}-token context" if context else ""
@@ -285,6 +302,9 @@ def ready_block(base: str, nodes: int, context: int | None) -> str:
             }
         },
     }
+    compaction = "".join(
+        f"{name}={value} " for name, value in claude_code_compaction(context or 0).items()
+    )
     lines = [
         f"warmfleet up: ready: {nodes} daemon{'s' if nodes > 1 else ''} behind the router at "
         f"{base}{served} "
@@ -292,10 +312,10 @@ def ready_block(base: str, nodes: int, context: int | None) -> str:
         f"  OpenAI clients  OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused, model default",
         f"  Claude Code     ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=unused "
         "ANTHROPIC_MODEL=default ANTHROPIC_SMALL_FAST_MODEL=default "
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 claude",
+        f"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 {compaction if context else ''}claude",
         f"  Codex           codex -c model_provider=warmfleet -c '{codex_provider}' -m default",
         f"  Qwen Code       OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused OPENAI_MODEL=default "
-        "qwen --auth-type openai",
+        f"QWEN_CODE_API_TIMEOUT_MS={QWEN_CODE_TIMEOUT_MS} qwen --auth-type openai",
         f"  opencode        opencode.json: {json.dumps(opencode, separators=(',', ':'))}",
         "                  then: opencode run -m warmfleet/default PROMPT",
     ]

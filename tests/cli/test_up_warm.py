@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from warmfleet_cli.up import warm_documents
+from warmfleet_cli.up import claude_code_compaction, warm_documents
 from warmfleet_cli.warm_prompts.files import dump_yaml, warm_prompt_set, write
 from warmfleet_common.crd import FLEET_LABEL
 from warmfleet_operator.reconcile import matches
@@ -76,3 +76,20 @@ def test_anything_else_is_refused_naming_the_file(tmp_path: Path, text: str, say
     with pytest.raises(ValueError, match=says) as error:
         warm_documents(path)
     assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("context", "window", "percent"),
+    [(32768, 100_000, 24), (8192, 100_000, 6), (131072, 131072, 75), (1000, 100_000, 1)],
+)
+def test_claude_code_compacts_at_three_quarters_of_the_served_context(
+    context: int, window: int, percent: int
+) -> None:
+    """Claude Code 2.1 reads a compaction window below 100k as 100k, so a smaller
+    context is reached through the percentage of that window."""
+    settings = claude_code_compaction(context)
+    assert settings == {
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window),
+        "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(percent),
+    }
+    assert window * percent // 100 <= max(context * 3 // 4, window // 100)

@@ -75,6 +75,12 @@ def capturing(tmp_path: Path, *args: str, out: str = "agents.json") -> Iterator[
     assert not thread.is_alive(), "the capture did not stop"
 
 
+@pytest.fixture(autouse=True)
+def short_side_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request without tools waits this long for one with tools (5 s in use)."""
+    monkeypatch.setattr(capture, "SIDE_REQUEST_WAIT_S", 0.5)
+
+
 def claude(run: Run) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=run.url, api_key="unused", max_retries=0)
 
@@ -188,6 +194,62 @@ def test_what_is_not_captured_is_answered_and_the_capture_goes_on(tmp_path: Path
     assert yaml.safe_load(run.out.read_text()) == [
         {"name": "anthropic-agent", "anthropic": {"system": SYSTEM}}
     ]
+
+
+def test_a_side_request_sent_along_is_answered_and_the_agents_own_is_captured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """opencode sends its title request (a system prompt, no tools) a few ms before its
+    own (system prompt and tools): the capture keeps its own, named after it."""
+    monkeypatch.setattr(capture, "SIDE_REQUEST_WAIT_S", 5.0)
+    agent = "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14"
+    title: dict[str, Any] = {
+        "model": "default",
+        "messages": [
+            {"role": "system", "content": "You are a title generator."},
+            {"role": "user", "content": "Generate a title for this conversation:"},
+        ],
+    }
+    own: dict[str, Any] = {
+        "model": "default",
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+    }
+    replies: dict[str, str] = {}
+    with capturing(tmp_path) as run:
+        client = openai.OpenAI(
+            base_url=f"{run.url}/v1", api_key="unused", max_retries=0,
+            default_headers={"User-Agent": agent},
+        )  # fmt: skip
+
+        def send(name: str, request: dict[str, Any]) -> None:
+            reply = client.chat.completions.create(**request)
+            replies[name] = str(reply.choices[0].message.content)
+
+        side = threading.Thread(target=send, args=("title", title))
+        side.start()
+        time.sleep(0.2)
+        send("own", own)
+        side.join(timeout=10)
+    assert "not captured" in replies["title"] and "captured" in replies["own"]
+    assert run.code == 0
+    assert run.entries() == [
+        {"name": "opencode", "messages": own["messages"][:1], "tools": own["tools"]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("agent", "name"),
+    [
+        ("claude-cli/2.1.332 (external, sdk-cli)", "claude-code"),
+        ("codex_exec/0.171.0 (Ubuntu 24.4.0; x86_64)", "codex"),
+        ("opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14", "opencode"),
+        ("QwenCode/0.15.10 (linux; x64)", "qwen-code"),
+        ("OpenAI/Python 2.8.1", "chat-agent"),
+    ],
+)
+def test_the_agent_is_named_from_its_user_agent(agent: str, name: str) -> None:
+    assert capture.default_name("chat", agent) == name
 
 
 def test_the_same_name_is_replaced_and_a_foreign_file_refused(tmp_path: Path) -> None:

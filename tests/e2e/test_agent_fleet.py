@@ -1,14 +1,16 @@
-"""Claude Code and Codex against `warmfleet up` on the embedded model (opt-in: `pytest
---e2e`, with WARMFLEET_AGENTS_DIR where `npm install @anthropic-ai/claude-code@2.1.332
-@openai/codex@0.171.0` was run; written for those versions; skipped when a CLI is not
-there). Slow: the fleet's warm-up prefills ~19k tokens on each daemon (10 to 15
-minutes on two shared CPU cores).
+"""Claude Code, Codex, opencode and Qwen Code against `warmfleet up` on the embedded
+model (opt-in: `pytest --e2e`, with WARMFLEET_AGENTS_DIR where `npm install
+@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33
+@qwen-code/qwen-code@0.24.4` was run; written for those versions; skipped when a CLI is
+not there). Slow: the fleet's warm-up prefills ~45k tokens on each daemon (half an hour
+on two shared CPU cores).
 
-Both CLIs are captured once (`warmfleet warm-prompts capture`, from the HOME and
-project directory their sessions then run in: Claude Code names its memory directory,
-~/.claude/projects/<project>/memory/, in its system prompt), into one warm-prompts
-file; `warmfleet up --nodes 2 --model default --max-context 32768 --max-output-tokens
-128 --warm FILE` (router, two daemons, the local operator) warms it on both daemons.
+The CLIs are captured once (`warmfleet warm-prompts capture`, from the HOME and
+project directory their sessions then run in: Claude Code and Qwen Code name their
+memory directories there in their system prompts, opencode the directory and the day),
+into one warm-prompts file (opencode's and Qwen Code's in the chat shape); `warmfleet
+up --nodes 2 --model default --max-context 32768 --max-output-tokens 128 --warm FILE`
+(router, two daemons, the local operator) warms it on both daemons.
 Then, through the router:
 
 - Claude Code, three turns of one session (`claude -p`, `--resume SESSION`,
@@ -17,6 +19,9 @@ Then, through the router:
   last prompt from it.
 - Codex, two turns of one thread (`codex exec`, `codex exec resume THREAD`): the first
   turn reads the warm prompt from the cache, the second more than that.
+- opencode (`opencode run`, then `--continue`) and Qwen Code (`qwen`, then `--continue`),
+  two turns each over chat completions with tools, as the ready block of `warmfleet up`
+  says to point them: the same.
 
 No client error: no request gets a 4xx or 5xx from a daemon (the CLIs retry some errors
 silently, so the daemons' access logs are read), and each turn ends either well or
@@ -47,12 +52,17 @@ import yaml
 from support.agent_clis import (
     CLAUDE,
     CODEX,
+    OPENCODE,
     PINNED,
+    QWEN,
+    JsonRun,
     capturing,
     claude,
     codex,
     finish,
     needs,
+    opencode,
+    qwen,
     version,
 )
 from support.processes import free_port, interrupt
@@ -113,6 +123,12 @@ def captured(project: tuple[Path, Path]) -> Path:
         with capturing(out) as (url, proc):
             assert codex(home, url, "say hi", model=MODEL, cwd=work).said()
             finish(proc)
+    for cli, run in ((OPENCODE, opencode), (QWEN, qwen)):
+        if cli.exists():
+            with capturing(out) as (url, proc):
+                said = run(home, url, "say hi", model=MODEL, cwd=work, timeout=600)
+                assert "captured" in said.said(), said.output
+                finish(proc)
     return out
 
 
@@ -263,6 +279,49 @@ def test_codex_two_turns_through_the_warm_fleet(
     assert second.thread() == first.thread()
     assert cached > fleet.warm["codex"] + 100  # its history beyond the warm prompt
     assert fleet.errors() == []
+
+
+def chat_agent_turns(
+    fleet: Fleet, name: str, run: Any, project: tuple[Path, Path], record_property: Any
+) -> None:
+    """Two turns of one session of a chat-completions agent (opencode, Qwen Code): the
+    first reads the agent's warm prompt from the cache, the second more than that."""
+    home, work = project
+
+    def turn(prompt: str, *args: str) -> tuple[JsonRun, int]:
+        started, (hits, _) = time.monotonic(), fleet.cache_tokens()
+        done = run(home, fleet.url, prompt, *args, model=MODEL, cwd=work, timeout=TURN_TIMEOUT)
+        cached = fleet.cache_tokens()[0] - hits
+        record_property(
+            f"e2e timing: {name} {' '.join(args) or 'first'}",
+            f"{time.monotonic() - started:.0f}s, exit {done.code}, {cached} tokens cached, "
+            f"said {done.said()[:80]!r}",
+        )
+        assert done.code == 0 and not done.errors(), done.output[-5000:]
+        return done, cached
+
+    first, cached = turn("What is in this project?")
+    assert cached >= fleet.warm[name] > 5000
+    second, cached = turn("Summarise the README in one line.", "--continue")
+    assert second.session() == first.session()
+    assert cached > fleet.warm[name] + 100  # its history beyond the warm prompt
+    assert fleet.errors() == []
+
+
+@needs(OPENCODE)
+def test_opencode_two_turns_through_the_warm_fleet(
+    fleet: Fleet, project: tuple[Path, Path], record_property: Any
+) -> None:
+    record_property("e2e version: opencode", f"{version(OPENCODE)} (written for 1.18.33)")
+    chat_agent_turns(fleet, "opencode", opencode, project, record_property)
+
+
+@needs(QWEN)
+def test_qwen_code_two_turns_through_the_warm_fleet(
+    fleet: Fleet, project: tuple[Path, Path], record_property: Any
+) -> None:
+    record_property("e2e version: qwen", f"{version(QWEN)} (written for 0.24.4)")
+    chat_agent_turns(fleet, "qwen-code", qwen, project, record_property)
 
 
 def test_the_pinned_versions_are_the_documented_ones() -> None:

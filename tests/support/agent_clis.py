@@ -1,7 +1,8 @@
 """The real agent CLIs, run headless and offline as a user would (for tests/e2e):
 WARMFLEET_AGENTS_DIR names a directory where `npm install
-@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0` was run (the versions the
-suite was written for); a test that needs a CLI not found there is skipped."""
+@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33
+@qwen-code/qwen-code@0.24.4` was run (the versions the suite was written for); a test
+that needs a CLI not found there is skipped."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ import pytest
 import yaml
 
 from support.processes import free_port
+from warmfleet_cli.up import QWEN_CODE_TIMEOUT_MS
 
 AGENTS = Path(os.environ.get("WARMFLEET_AGENTS_DIR") or "/nonexistent") / "node_modules" / ".bin"
 CLAUDE, CODEX = AGENTS / "claude", AGENTS / "codex"
-PINNED = {"claude": "2.1.332", "codex": "0.171.0"}
+OPENCODE, QWEN = AGENTS / "opencode", AGENTS / "qwen"
+PINNED = {"claude": "2.1.332", "codex": "0.171.0", "opencode": "1.18.33", "qwen": "0.24.4"}
 
 
 def needs(cli: Path) -> pytest.MarkDecorator:
@@ -190,6 +193,72 @@ def codex(
         f"codex exited with {code}: {json.dumps(run.events)}\n{run.stderr}"
     )
     return run
+
+
+@dataclass
+class JsonRun:
+    """One run of opencode (`run --format json`: a JSON event a line) or Qwen Code (`-o
+    json`: one JSON list of events): its events and its exit."""
+
+    events: list[dict[str, Any]]
+    code: int
+    output: str
+
+    def session(self) -> str:
+        ids = {e.get("sessionID") or e.get("session_id") for e in self.events}
+        (session,) = ids - {None}
+        return str(session)
+
+    def said(self) -> str:
+        """The text the agent printed: opencode's text parts, Qwen Code's result."""
+        texts = [e["part"]["text"] for e in self.events if e.get("type") == "text"]
+        results = [e.get("result", "") for e in self.events if e.get("type") == "result"]
+        return "".join(texts + results)
+
+    def errors(self) -> list[str]:
+        failed = [e for e in self.events if e.get("type") == "error" or e.get("is_error")]
+        return [json.dumps(e)[:2000] for e in failed]
+
+
+def opencode(
+    home: Path, url: str, prompt: str, *args: str, model: str, cwd: Path, timeout: float = 300
+) -> JsonRun:
+    """`opencode run --format json -m warmfleet/MODEL ARGS PROMPT` in `cwd`, whose
+    opencode.json names the provider at `url` as the README's ready block says."""
+    provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1"}}
+    config = {"provider": {"warmfleet": {**provider, "models": {model: {}}}}}
+    (cwd / "opencode.json").write_text(json.dumps(config))
+    command = [str(OPENCODE), "run", "--format", "json", "-m", f"warmfleet/{model}", *args]
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}
+    done = subprocess.run(
+        [*command, prompt], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return JsonRun(events, done.returncode, done.stdout + done.stderr)
+
+
+def qwen(
+    home: Path, url: str, prompt: str, *args: str, model: str, cwd: Path, timeout: float = 300
+) -> JsonRun:
+    """`qwen --auth-type openai -o json ARGS PROMPT` with OPENAI_BASE_URL at `url` and
+    the request timeout the ready block of `warmfleet up` sets (Qwen Code's 120 s is less
+    than a cold CPU prefill of its first request)."""
+    env = {
+        "QWEN_CODE_API_TIMEOUT_MS": str(QWEN_CODE_TIMEOUT_MS),
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "OPENAI_BASE_URL": f"{url}/v1",
+        "OPENAI_API_KEY": "unused",
+        "OPENAI_MODEL": model,
+    }
+    done = subprocess.run(
+        [str(QWEN), "--auth-type", "openai", "-o", "json", *args, prompt], env=env, cwd=cwd,
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    start = done.stdout.find("[")
+    events = json.loads(done.stdout[start:]) if start >= 0 else []
+    return JsonRun(events, done.returncode, done.stdout + done.stderr)
 
 
 @contextmanager

@@ -5,7 +5,10 @@ arrives, turns it into a warm prompt of its API's shape, hands it to `on_capture
 stops.
 
 Requests with nothing to warm (no system prompt, leading messages or tools: an agent's
-preflight) get the same short reply and are not captured. A body that cannot be read
+preflight) get the same short reply and are not captured. A request with no tools waits
+up to SIDE_REQUEST_WAIT_S for one with tools, which is captured instead: agents send side
+requests along with their first one (opencode's title request), and the one with tools
+is the agent's own prompt. A body that cannot be read
 as its API's request gets a 400 in that API's shape and ends the capture, since a
 client retrying it would only send it again. Bounded: bodies of at most MAX_BODY_BYTES
 (413 beyond), each read within BODY_TIMEOUT_S (408), and `timeout` seconds in all.
@@ -39,6 +42,7 @@ log = logging.getLogger("warmfleet.capture")
 
 MAX_BODY_BYTES = 16 << 20  # Claude Code's first request is ~50 KB, Codex's ~40 KB
 BODY_TIMEOUT_S = 30.0
+SIDE_REQUEST_WAIT_S = 5.0  # opencode sends its title request a few ms before its own
 ROUTES: dict[str, ApiName] = {s.path: s.name for s in SHAPES.values()}  # one per API shape
 
 
@@ -68,6 +72,10 @@ def default_name(api: ApiName, user_agent: str) -> str:
         return "claude-code"
     if agent.startswith("codex"):
         return "codex"
+    if agent.startswith("opencode/"):
+        return "opencode"
+    if agent.startswith("qwencode/"):
+        return "qwen-code"
     return f"{api}-agent"
 
 
@@ -82,15 +90,21 @@ class CaptureServer:
         *,
         name: str | None = None,
         timeout: float = 600.0,
+        side_request_wait: float | None = None,
     ) -> None:
         self.sock = sock
         self.on_capture = on_capture  # writes the prompt; returns what the reply says
         self.name = name
         self.timeout = timeout
+        self.side_request_wait = (
+            SIDE_REQUEST_WAIT_S if side_request_wait is None else side_request_wait
+        )
         self.result: Captured | None = None
         self.failure: str | None = None
         self._done = False
         self._lock = asyncio.Lock()
+        self._captured = asyncio.Event()
+        self._side_waiting = False
         routes = [Route(path, self._handle, methods=["POST"]) for path in ROUTES]
         self.app = Starlette(routes=[*routes, Route("/{path:path}", _elsewhere, methods=_ANY)])
         config = uvicorn.Config(
@@ -123,32 +137,54 @@ class CaptureServer:
 
     async def _handle(self, request: Request) -> Response:
         api = ROUTES[request.url.path]
-        async with self._lock:  # one request at a time; the first one decides
+        if self._done:
+            return _over(api)
+        try:
+            body = await _json_body(request)
+        except _Refused as exc:
+            return self._fail(api, exc.status, exc.message)
+        model = str(body["model"]) if isinstance(body.get("model"), str) else "warmfleet"
+        agent = request.headers.get("user-agent", "")
+        try:
+            prompt = warm_prompt(api, body, self.name or default_name(api, agent))
+        except NothingToWarm as exc:
+            log.warning("Not captured (a request of %s): %s", agent or "a client", exc)
+            return _reply(api, body, model, f"warmfleet capture: not captured: {exc}.")
+        except (ValidationError, ValueError) as exc:
+            return self._fail(api, 400, f"not a valid {request.url.path} request: {exc}")
+        captured = Captured(api, request.url.path, agent, prompt)
+        if not body.get("tools"):
+            return await self._side_or_captured(body, model, captured)
+        return await self._capture(body, model, captured)
+
+    async def _capture(self, body: dict[str, Any], model: str, captured: Captured) -> Response:
+        async with self._lock:  # one capture; the first one decides
             if self._done:
-                return JSONResponse(
-                    replies.error(api, "the capture is over: this endpoint took one request"),
-                    status_code=503,
-                )
-            try:
-                body = await _json_body(request)
-            except _Refused as exc:
-                return self._fail(api, exc.status, exc.message)
-            model = str(body["model"]) if isinstance(body.get("model"), str) else "warmfleet"
-            agent = request.headers.get("user-agent", "")
-            try:
-                prompt = warm_prompt(api, body, self.name or default_name(api, agent))
-            except NothingToWarm as exc:
-                log.warning("Not captured (a request of %s): %s", agent or "a client", exc)
-                return _reply(api, body, model, f"warmfleet capture: not captured: {exc}.")
-            except (ValidationError, ValueError) as exc:
-                return self._fail(api, 400, f"not a valid {request.url.path} request: {exc}")
-            captured = Captured(api, request.url.path, agent, prompt)
+                return _over(captured.api)
             try:
                 said = await asyncio.to_thread(self.on_capture, captured)
             except Exception as exc:  # the file could not be written: say so, end
-                return self._fail(api, 500, f"warmfleet capture: {exc}")
+                return self._fail(captured.api, 500, f"warmfleet capture: {exc}")
             self._done, self.result = True, captured
-            return _reply(api, body, model, said, BackgroundTask(self.stop))
+            self._captured.set()
+        return _reply(captured.api, body, model, said, BackgroundTask(self.stop))
+
+    async def _side_or_captured(
+        self, body: dict[str, Any], model: str, captured: Captured
+    ) -> Response:
+        """A request without tools: captured unless one with tools arrives meanwhile."""
+        side = "a request without tools, sent along with the agent's request with tools"
+        if self._side_waiting:
+            return _reply(captured.api, body, model, f"warmfleet capture: not captured: {side}.")
+        self._side_waiting = True
+        try:
+            await asyncio.wait_for(self._captured.wait(), self.side_request_wait)
+        except asyncio.TimeoutError:
+            return await self._capture(body, model, captured)
+        finally:
+            self._side_waiting = False
+        log.info("Not captured (a request of %s): %s", captured.client or "a client", side)
+        return _reply(captured.api, body, model, f"warmfleet capture: not captured: {side}.")
 
     def _fail(self, api: ApiName, status: int, message: str) -> Response:
         self._done, self.failure = True, message
@@ -185,6 +221,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _Refused(400, "the body is not a JSON object")
     return body
+
+
+def _over(api: ApiName) -> Response:
+    message = "the capture is over: this endpoint took one request"
+    return JSONResponse(replies.error(api, message), status_code=503)
 
 
 _ANY = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
