@@ -10,7 +10,11 @@ Without --router it starts the fleet `make run` starts (`warmfleet up --nodes 2 
 default --max-context 32768 --max-output-tokens 256`, without its example warm set) in a
 temporary folder. Claude Code runs as the ready block of `warmfleet up` says, with the
 compaction settings it prints for the served context (see `claude_code_compaction`), from
-one HOME and project directory, with CLAUDE_CODE_MAX_OUTPUT_TOKENS=256. Each turn's
+one HOME and project directory, with CLAUDE_CODE_MAX_OUTPUT_TOKENS=--max-output-tokens
+(default 32: on a CPU SmolLM2 decodes a few tokens a second this far into a context and
+seldom ends an answer, which Claude Code then continues up to three times, so short
+answers keep a turn to about a minute; the turns stay mostly prefill, as in the e2e
+suite). Each turn's
 prompt is a question with a pasted log of about 1 KB (a developer pasting a failing run),
 so the conversation outgrows the compaction threshold within the session. --home and
 --project name the HOME and project directory (default: temporary ones); Claude Code's
@@ -103,7 +107,7 @@ def prompt(rng: random.Random, turn: int) -> str:
 
 
 def claude(
-    bin_dir: Path, home: Path, cwd: Path, router: str, text: str, first: bool
+    bin_dir: Path, home: Path, cwd: Path, router: str, text: str, first: bool, max_output: int
 ) -> tuple[list[dict[str, Any]], int]:
     env = {
         "PATH": os.environ["PATH"],
@@ -113,7 +117,7 @@ def claude(
         "ANTHROPIC_MODEL": "default",
         "ANTHROPIC_SMALL_FAST_MODEL": "default",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT),
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output),
         **claude_code_compaction(CONTEXT),
     }
     args = [] if first else ["--continue"]
@@ -144,6 +148,7 @@ def main() -> int:
     p.add_argument("--daemons", default="http://127.0.0.1:8001,http://127.0.0.1:8002")
     p.add_argument("--home", type=Path, help="Claude Code's HOME (default: a temporary one)")
     p.add_argument("--project", type=Path, help="its working directory (default: HOME/project)")
+    p.add_argument("--max-output-tokens", type=int, default=32)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     bin_dir = args.agents / "node_modules" / ".bin"
@@ -159,7 +164,9 @@ def main() -> int:
         for turn in range(1, args.turns + 1):
             before = {d: counters(d) for d in daemons}
             started = time.monotonic()
-            events, code = claude(bin_dir, home, cwd, router, prompt(rng, turn), turn == 1)
+            events, code = claude(
+                bin_dir, home, cwd, router, prompt(rng, turn), turn == 1, args.max_output_tokens
+            )
             wall = time.monotonic() - started
             after = {d: counters(d) for d in daemons}
             delta = {d: {k: after[d][k] - before[d][k] for k in METRICS} for d in daemons}
@@ -183,6 +190,8 @@ def main() -> int:
                 )
             )
             print(figures[-1].line(), flush=True)
+            if args.json:  # after every turn: a long run stopped early keeps its figures
+                args.json.write_text(json.dumps([asdict(f) for f in figures], indent=2))
     later = figures[1:]
     if later:
         shares = [f.cached_share for f in later]
@@ -192,8 +201,6 @@ def main() -> int:
             f"(min {min(shares):.1%}), TTFT median {statistics.median(ttfts):.2f} s "
             f"({min(ttfts):.2f}-{max(ttfts):.2f}), compactions {sum(f.compacted for f in figures)}"
         )
-    if args.json:
-        args.json.write_text(json.dumps([asdict(f) for f in figures], indent=2))
     return 0
 
 

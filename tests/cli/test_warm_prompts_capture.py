@@ -76,9 +76,11 @@ def capturing(tmp_path: Path, *args: str, out: str = "agents.json") -> Iterator[
 
 
 @pytest.fixture(autouse=True)
-def short_side_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A request without tools waits this long for one with tools (5 s in use)."""
+def short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request without tools waits this long for one with tools, the endpoint lingers
+    this long after its capture (5 s each in use)."""
     monkeypatch.setattr(capture, "SIDE_REQUEST_WAIT_S", 0.5)
+    monkeypatch.setattr(capture, "LINGER_S", 0.3)
 
 
 def claude(run: Run) -> anthropic.Anthropic:
@@ -250,6 +252,31 @@ def test_a_side_request_sent_along_is_answered_and_the_agents_own_is_captured(
 )
 def test_the_agent_is_named_from_its_user_agent(agent: str, name: str) -> None:
     assert capture.default_name("chat", agent) == name
+
+
+def test_requests_after_the_capture_are_answered_until_the_endpoint_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen Code sends its memory extraction ~4 s after its turn ends: answered, not
+    captured, and the endpoint stops LINGER_S after the last request."""
+    monkeypatch.setattr(capture, "LINGER_S", 1.0)
+    request: dict[str, Any] = {
+        "model": "default",
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+    }
+    with capturing(tmp_path) as run:
+        first = oai(run).chat.completions.create(**request)
+        time.sleep(0.5)
+        later = oai(run).chat.completions.create(
+            **{**request, "messages": [{"role": "system", "content": "Extract memories."}]}
+        )
+        stopped_after = time.monotonic()
+    assert "captured" in str(first.choices[0].message.content)
+    assert "already took its request" in str(later.choices[0].message.content)
+    assert time.monotonic() - stopped_after < 10 and run.code == 0
+    (entry,) = run.entries()
+    assert entry["messages"] == request["messages"][:1]
 
 
 def test_the_same_name_is_replaced_and_a_foreign_file_refused(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ Requests with nothing to warm (no system prompt, leading messages or tools: an a
 preflight) get the same short reply and are not captured. A request with no tools waits
 up to SIDE_REQUEST_WAIT_S for one with tools, which is captured instead: agents send side
 requests along with their first one (opencode's title request), and the one with tools
-is the agent's own prompt. A body that cannot be read
+is the agent's own prompt. After the capture the endpoint answers for LINGER_S more
+(counted from the last request) and stops: agents send background requests once their
+turn ends (Qwen Code's memory extraction), which would otherwise retry a closed port
+for minutes. A body that cannot be read
 as its API's request gets a 400 in that API's shape and ends the capture, since a
 client retrying it would only send it again. Bounded: bodies of at most MAX_BODY_BYTES
 (413 beyond), each read within BODY_TIMEOUT_S (408), and `timeout` seconds in all.
@@ -43,6 +46,7 @@ log = logging.getLogger("warmfleet.capture")
 MAX_BODY_BYTES = 16 << 20  # Claude Code's first request is ~50 KB, Codex's ~40 KB
 BODY_TIMEOUT_S = 30.0
 SIDE_REQUEST_WAIT_S = 5.0  # opencode sends its title request a few ms before its own
+LINGER_S = 5.0  # Qwen Code's memory extraction follows its turn's end by ~4 s
 ROUTES: dict[str, ApiName] = {s.path: s.name for s in SHAPES.values()}  # one per API shape
 
 
@@ -105,6 +109,7 @@ class CaptureServer:
         self._lock = asyncio.Lock()
         self._captured = asyncio.Event()
         self._side_waiting = False
+        self._stopping: asyncio.TimerHandle | None = None
         routes = [Route(path, self._handle, methods=["POST"]) for path in ROUTES]
         self.app = Starlette(routes=[*routes, Route("/{path:path}", _elsewhere, methods=_ANY)])
         config = uvicorn.Config(
@@ -137,6 +142,14 @@ class CaptureServer:
 
     async def _handle(self, request: Request) -> Response:
         api = ROUTES[request.url.path]
+        if self.result is not None:  # captured: answered while the endpoint lingers
+            self._linger()
+            try:
+                body = await _json_body(request)
+            except _Refused as exc:
+                return JSONResponse(replies.error(api, exc.message), status_code=exc.status)
+            said = "warmfleet capture: not captured: this endpoint already took its request."
+            return _reply(api, body, str(body.get("model") or "warmfleet"), said)
         if self._done:
             return _over(api)
         try:
@@ -167,7 +180,14 @@ class CaptureServer:
                 return self._fail(captured.api, 500, f"warmfleet capture: {exc}")
             self._done, self.result = True, captured
             self._captured.set()
-        return _reply(captured.api, body, model, said, BackgroundTask(self.stop))
+            self._linger()
+        return _reply(captured.api, body, model, said)
+
+    def _linger(self) -> None:
+        """Stop LINGER_S after now (after the last request, once captured)."""
+        if self._stopping is not None:
+            self._stopping.cancel()
+        self._stopping = asyncio.get_running_loop().call_later(LINGER_S, self.stop)
 
     async def _side_or_captured(
         self, body: dict[str, Any], model: str, captured: Captured
