@@ -118,7 +118,7 @@ def claude(
         "ANTHROPIC_SMALL_FAST_MODEL": "default",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output),
-        **claude_code_compaction(CONTEXT),
+        **claude_code_compaction(CONTEXT, max_output),
     }
     args = [] if first else ["--continue"]
     done = subprocess.run(
@@ -160,7 +160,8 @@ def main() -> int:
         if not cwd.exists():
             cwd.mkdir(parents=True)
             (cwd / "README.md").write_text("# runs\nA service whose runs fail now and then.\n")
-        print(f"Claude Code against {router}: {claude_code_compaction(CONTEXT)}", flush=True)
+        settings = claude_code_compaction(CONTEXT, args.max_output_tokens)
+        print(f"Claude Code against {router}: {settings}", flush=True)
         for turn in range(1, args.turns + 1):
             before = {d: counters(d) for d in daemons}
             started = time.monotonic()

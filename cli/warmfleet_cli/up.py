@@ -269,16 +269,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 CLAUDE_CODE_MIN_COMPACT_WINDOW = 100_000  # Claude Code 2.1 reads a smaller window as this
+CLAUDE_CODE_ANSWER_RESERVE = 20_000  # kept out of its window for the answer, at most
 QWEN_CODE_TIMEOUT_MS = 1_800_000  # its default 120 s is less than a cold CPU prefill
 
 
-def claude_code_compaction(context: int) -> dict[str, str]:
+def claude_code_compaction(context: int, max_output_tokens: int | None = None) -> dict[str, str]:
     """What makes Claude Code compact its conversation at three quarters of `context`,
-    before a daemon would refuse it: a model it does not know gets a 1M-token window
-    (and compacts at ~980k), `CLAUDE_CODE_AUTO_COMPACT_WINDOW` takes no less than 100k,
-    and `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` lowers the threshold within that window."""
+    before a daemon would refuse it: a model it does not know gets a 1M-token window,
+    `CLAUDE_CODE_AUTO_COMPACT_WINDOW` takes no less than 100k, and
+    `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` is a share of that window less what it keeps for
+    its answer (20k, or its CLAUDE_CODE_MAX_OUTPUT_TOKENS when lower: measured)."""
     window = max(context, CLAUDE_CODE_MIN_COMPACT_WINDOW)
-    percent = max(1, context * 75 // window)
+    effective = window - min(
+        max_output_tokens or CLAUDE_CODE_ANSWER_RESERVE, CLAUDE_CODE_ANSWER_RESERVE
+    )
+    percent = max(1, context * 75 // effective)
     return {
         "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window),
         "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(percent),

@@ -111,7 +111,7 @@ def test_make_run_starts_the_fleet_and_the_readme_chat_hits_the_warm_prompts(
         for agent in agents:
             assert agent in text, text
         # Claude Code compacts at 24,000 tokens, before the 32k context ends
-        assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW=100000 CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=24 " in text
+        assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW=100000 CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=30 " in text
         assert "QWEN_CODE_API_TIMEOUT_MS=1800000 qwen" in text
 
         token = (tmp_path / "admin-token").read_text().strip()
