@@ -33,7 +33,7 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -124,6 +124,7 @@ def run_codex(bin_dir: Path, home: Path, cwd: Path, url: str) -> None:
     provider = f'{{name="warmfleet", base_url="{url}/v1", wire_api="responses"}}'
     command = [str(bin_dir / "codex"), "exec", "--skip-git-repo-check", "-m", MODEL]
     command += ["-c", "model_provider=warmfleet", "-c", f"model_providers.warmfleet={provider}"]
+    (home / ".codex").mkdir(exist_ok=True)
     _run([*command, "say hi"], home, cwd, {"CODEX_HOME": str(home / ".codex")})
 
 
@@ -151,7 +152,6 @@ EXTRA_ENV: dict[str, str] = {}  # --env
 
 
 def _run(command: list[str], home: Path, cwd: Path, env: dict[str, str]) -> None:
-    (home / ".codex").mkdir(parents=True, exist_ok=True)
     full = {"PATH": os.environ["PATH"], "HOME": str(home), **env, **EXTRA_ENV}
     subprocess.run(
         command, env=full, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, timeout=600
@@ -201,13 +201,9 @@ def measure(name: str, a: Recorded, b: Recorded, builder: Any) -> Layout:
     return Layout(name, len(first), len(warm), _shared(warm, tomorrow), _shared(warm, tokens(b)))
 
 
-def _shared(a: Any, b: Any) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """The tokens two prompts share before they part."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def main() -> int:

@@ -57,7 +57,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -72,6 +71,7 @@ from typing import Any
 import httpx
 from harness import peers, warmfleet
 from harness.processes import free_port
+from harness.warmfleet import SERIES, scrape
 
 MODEL = "SmolLM2-135M-Instruct"  # the served name (Claude Code reads "default" as its alias)
 CONTEXT = 32768
@@ -102,24 +102,6 @@ def quiet(max_load: float, patience: float) -> str:
 
 
 # -- the daemons' own figures ------------------------------------------------------------
-
-SERIES = {
-    "ttft_sum": "gen_ai_server_time_to_first_token_seconds_sum",
-    "ttft_count": "gen_ai_server_time_to_first_token_seconds_count",
-    "queried": "warmfleet_prefix_cache_queried_tokens_total",
-    "hits": "warmfleet_prefix_cache_hit_tokens_total",
-}
-
-
-def scrape(urls: list[str]) -> dict[str, float]:
-    """The fleet's totals of SERIES (summed over daemons and label sets)."""
-    totals = dict.fromkeys(SERIES, 0.0)
-    for url in urls:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-        for key, name in SERIES.items():
-            for match in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M):
-                totals[key] += float(match.group(1))
-    return totals
 
 
 class FirstRequest:

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import tempfile
@@ -45,19 +44,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from harness import warmfleet
+from harness.warmfleet import SERIES, scrape
 
 from warmfleet_cli.up import claude_code_compaction
 
 CONTEXT = 32768
 MAX_OUTPUT = 256
-METRICS = {
-    "hit": "warmfleet_prefix_cache_hit_tokens_total",
-    "queried": "warmfleet_prefix_cache_queried_tokens_total",
-    "ttft_sum": "gen_ai_server_time_to_first_token_seconds_sum",
-    "ttft_count": "gen_ai_server_time_to_first_token_seconds_count",
-}
 
 
 @dataclass
@@ -80,15 +73,6 @@ class TurnFigures:
             f"TTFT {self.mean_ttft_s:6.2f} s, {self.wall_s:6.1f} s"
             f"{', compacted' if self.compacted else ''}, {self.ended}"
         )
-
-
-def counters(daemon: str) -> dict[str, float]:
-    text = httpx.get(f"{daemon}/metrics", timeout=10).text
-    out = {}
-    for key, name in METRICS.items():
-        values = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-        out[key] = sum(float(v) for v in values)
-    return out
 
 
 def prompt(rng: random.Random, turn: int) -> str:
@@ -163,16 +147,16 @@ def main() -> int:
         settings = claude_code_compaction(CONTEXT, args.max_output_tokens)
         print(f"Claude Code against {router}: {settings}", flush=True)
         for turn in range(1, args.turns + 1):
-            before = {d: counters(d) for d in daemons}
+            before = {d: scrape([d]) for d in daemons}
             started = time.monotonic()
             events, code = claude(
                 bin_dir, home, cwd, router, prompt(rng, turn), turn == 1, args.max_output_tokens
             )
             wall = time.monotonic() - started
-            after = {d: counters(d) for d in daemons}
-            delta = {d: {k: after[d][k] - before[d][k] for k in METRICS} for d in daemons}
+            after = {d: scrape([d]) for d in daemons}
+            delta = {d: {k: after[d][k] - before[d][k] for k in SERIES} for d in daemons}
             served = [d for d in daemons if delta[d]["ttft_count"] > 0]
-            total = {k: sum(delta[d][k] for d in daemons) for k in METRICS}
+            total = {k: sum(delta[d][k] for d in daemons) for k in SERIES}
             (result,) = [e for e in events if e["type"] == "result"] or [{}]
             compacted = any(e.get("subtype") == "compact_boundary" for e in events)
             figures.append(
@@ -181,8 +165,8 @@ def main() -> int:
                     requests=int(total["ttft_count"]),
                     daemons=[d.rsplit(":", 1)[-1] for d in served],
                     queried_tokens=int(total["queried"]),
-                    hit_tokens=int(total["hit"]),
-                    cached_share=total["hit"] / total["queried"] if total["queried"] else 0.0,
+                    hit_tokens=int(total["hits"]),
+                    cached_share=total["hits"] / total["queried"] if total["queried"] else 0.0,
                     mean_ttft_s=total["ttft_sum"] / max(total["ttft_count"], 1),
                     wall_s=wall,
                     compacted=compacted,

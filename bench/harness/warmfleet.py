@@ -5,6 +5,7 @@ they report (warm prompts warm, a router following every daemon's cache)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,6 +16,24 @@ from typing import Any
 import httpx
 
 from harness.processes import Proc, free_port, free_ports, launch, wait_until
+
+SERIES = {  # the daemons' own per-request figures, as the benchmarks read them
+    "ttft_sum": "gen_ai_server_time_to_first_token_seconds_sum",
+    "ttft_count": "gen_ai_server_time_to_first_token_seconds_count",
+    "queried": "warmfleet_prefix_cache_queried_tokens_total",
+    "hits": "warmfleet_prefix_cache_hit_tokens_total",
+}
+
+
+def scrape(urls: Sequence[str]) -> dict[str, float]:
+    """The totals of SERIES over the daemons at `urls` (summed over label sets)."""
+    totals = dict.fromkeys(SERIES, 0.0)
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        for key, name in SERIES.items():
+            for match in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M):
+                totals[key] += float(match.group(1))
+    return totals
 
 
 def cli(*args: str, python: str = sys.executable) -> list[str]:

@@ -307,9 +307,8 @@ def ready_block(base: str, nodes: int, context: int | None) -> str:
             }
         },
     }
-    compaction = "".join(
-        f"{name}={value} " for name, value in claude_code_compaction(context or 0).items()
-    )
+    compaction_settings = claude_code_compaction(context) if context else {}
+    compaction = "".join(f"{name}={value} " for name, value in compaction_settings.items())
     lines = [
         f"warmfleet up: ready: {nodes} daemon{'s' if nodes > 1 else ''} behind the router at "
         f"{base}{served} "
@@ -317,7 +316,7 @@ def ready_block(base: str, nodes: int, context: int | None) -> str:
         f"  OpenAI clients  OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused, model default",
         f"  Claude Code     ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=unused "
         "ANTHROPIC_MODEL=default ANTHROPIC_SMALL_FAST_MODEL=default "
-        f"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 {compaction if context else ''}claude",
+        f"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 {compaction}claude",
         f"  Codex           codex -c model_provider=warmfleet -c '{codex_provider}' -m default",
         f"  Qwen Code       OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused OPENAI_MODEL=default "
         f"QWEN_CODE_API_TIMEOUT_MS={QWEN_CODE_TIMEOUT_MS} qwen --auth-type openai",

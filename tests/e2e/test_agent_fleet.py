@@ -281,12 +281,25 @@ def test_codex_two_turns_through_the_warm_fleet(
     assert fleet.errors() == []
 
 
-def chat_agent_turns(
-    fleet: Fleet, name: str, run: Any, project: tuple[Path, Path], record_property: Any
+@pytest.mark.parametrize(
+    ("name", "cli", "run"),
+    [
+        pytest.param("opencode", OPENCODE, opencode, marks=needs(OPENCODE), id="opencode"),
+        pytest.param("qwen-code", QWEN, qwen, marks=needs(QWEN), id="qwen-code"),
+    ],
+)
+def test_chat_agent_two_turns_through_the_warm_fleet(
+    fleet: Fleet,
+    project: tuple[Path, Path],
+    record_property: Any,
+    name: str,
+    cli: Path,
+    run: Any,
 ) -> None:
     """Two turns of one session of a chat-completions agent (opencode, Qwen Code): the
     first reads the agent's warm prompt from the cache, the second more than that."""
     home, work = project
+    record_property(f"e2e version: {cli.name}", f"{version(cli)} (written for {PINNED[cli.name]})")
 
     def turn(prompt: str, *args: str) -> tuple[JsonRun, int]:
         started, (hits, _) = time.monotonic(), fleet.cache_tokens()
@@ -306,22 +319,6 @@ def chat_agent_turns(
     assert second.session() == first.session()
     assert cached > fleet.warm[name] + 100  # its history beyond the warm prompt
     assert fleet.errors() == []
-
-
-@needs(OPENCODE)
-def test_opencode_two_turns_through_the_warm_fleet(
-    fleet: Fleet, project: tuple[Path, Path], record_property: Any
-) -> None:
-    record_property("e2e version: opencode", f"{version(OPENCODE)} (written for 1.18.33)")
-    chat_agent_turns(fleet, "opencode", opencode, project, record_property)
-
-
-@needs(QWEN)
-def test_qwen_code_two_turns_through_the_warm_fleet(
-    fleet: Fleet, project: tuple[Path, Path], record_property: Any
-) -> None:
-    record_property("e2e version: qwen", f"{version(QWEN)} (written for 0.24.4)")
-    chat_agent_turns(fleet, "qwen-code", qwen, project, record_property)
 
 
 def test_the_pinned_versions_are_the_documented_ones() -> None:

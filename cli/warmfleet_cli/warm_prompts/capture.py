@@ -94,15 +94,11 @@ class CaptureServer:
         *,
         name: str | None = None,
         timeout: float = 600.0,
-        side_request_wait: float | None = None,
     ) -> None:
         self.sock = sock
         self.on_capture = on_capture  # writes the prompt; returns what the reply says
         self.name = name
         self.timeout = timeout
-        self.side_request_wait = (
-            SIDE_REQUEST_WAIT_S if side_request_wait is None else side_request_wait
-        )
         self.result: Captured | None = None
         self.failure: str | None = None
         self._done = False
@@ -149,14 +145,14 @@ class CaptureServer:
             except _Refused as exc:
                 return JSONResponse(replies.error(api, exc.message), status_code=exc.status)
             said = "warmfleet capture: not captured: this endpoint already took its request."
-            return _reply(api, body, str(body.get("model") or "warmfleet"), said)
+            return _reply(api, body, _model(body), said)
         if self._done:
             return _over(api)
         try:
             body = await _json_body(request)
         except _Refused as exc:
             return self._fail(api, exc.status, exc.message)
-        model = str(body["model"]) if isinstance(body.get("model"), str) else "warmfleet"
+        model = _model(body)
         agent = request.headers.get("user-agent", "")
         try:
             prompt = warm_prompt(api, body, self.name or default_name(api, agent))
@@ -198,7 +194,7 @@ class CaptureServer:
             return _reply(captured.api, body, model, f"warmfleet capture: not captured: {side}.")
         self._side_waiting = True
         try:
-            await asyncio.wait_for(self._captured.wait(), self.side_request_wait)
+            await asyncio.wait_for(self._captured.wait(), SIDE_REQUEST_WAIT_S)
         except asyncio.TimeoutError:
             return await self._capture(body, model, captured)
         finally:
@@ -241,6 +237,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _Refused(400, "the body is not a JSON object")
     return body
+
+
+def _model(body: dict[str, Any]) -> str:
+    return str(body["model"]) if isinstance(body.get("model"), str) else "warmfleet"
 
 
 def _over(api: ApiName) -> Response:
