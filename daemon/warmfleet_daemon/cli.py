@@ -50,6 +50,30 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
 def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="default | FILE.gguf | mlx-lm dir | HF id | tiny-random")
     p.add_argument("--served-model-name")
+    p.add_argument(
+        "--engine",
+        choices=["mlx", "sim"],
+        help="mlx (default): the model's forward pass; sim: a simulated Mac, each prefill chunk "
+        "and decode step taking the time --profile says (the rest is the real daemon)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help="--engine sim: a built-in performance profile or a file from bench-serve "
+        "--profile-out",
+    )
+    p.add_argument(
+        "--sim-speed",
+        type=float,
+        metavar="X",
+        help="--engine sim: simulated time runs X times faster than the clock (default 1)",
+    )
+    p.add_argument(
+        "--sim-answer-tokens",
+        type=int,
+        metavar="N",
+        help="--engine sim: answers end after N tokens unless max_tokens is lower (default 64)",
+    )
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from warmfleet_common.perf_profile import builtin_profiles, load_profile
+
 MiB = 1 << 20
 
 ENGINE_PATH_ENV = "WARMFLEET_ENGINE_PATH"
@@ -45,6 +47,23 @@ class DaemonSettings(BaseSettings):
         "default", description="default | FILE.gguf | mlx-lm dir | HF id | tiny-random"
     )
     served_model_name: str | None = Field(None, description="id on /v1/models (default: derived)")
+    engine: Literal["mlx", "sim"] = Field(
+        "mlx",
+        description="mlx: the model's forward pass; sim: a simulated one, each prefill chunk "
+        "and decode step taking the time --profile says (everything else is the daemon's)",
+    )
+    profile: str | None = Field(
+        None, description="--engine sim: a built-in performance profile's name or a profile file"
+    )
+    sim_speed: float = Field(
+        1.0,
+        gt=0,
+        le=10_000,
+        description="--engine sim: simulated time runs this many times faster than the clock",
+    )
+    sim_answer_tokens: int = Field(
+        64, ge=1, description="--engine sim: answers end after this many tokens (or max_tokens)"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     cache_memory_mb: int | None = Field(
@@ -166,6 +185,32 @@ class DaemonSettings(BaseSettings):
         description="on SIGTERM: answer /readyz 'draining' and keep serving (peers copy this "
         "daemon's sessions away) this long before stopping",
     )
+
+    @model_validator(mode="after")
+    def _simulated_engine(self) -> DaemonSettings:
+        sim_only = {"profile", "sim_speed", "sim_answer_tokens"} & self.model_fields_set
+        if self.engine != "sim":
+            if sim_only:
+                flags = ", ".join("--" + f.replace("_", "-") for f in sorted(sim_only))
+                raise ValueError(f"{flags}: only with --engine sim")
+            return self
+        if self.profile is None:
+            names = ", ".join(builtin_profiles())
+            raise ValueError(f"--engine sim needs --profile NAME|FILE (built-in: {names})")
+        load_profile(self.profile)  # a bad profile stops `serve` at start
+        # Not simulated (yet): said at start rather than accepted and ignored.
+        unsupported = {
+            "kv_bits": "--kv-bits",
+            "cache_dir": "--cache-dir",
+            "warm_from": "--warm-from",
+            "snapshot_disk_mb": "--snapshot-disk-mb",
+        }
+        given = [flag for f, flag in unsupported.items() if f in self.model_fields_set]
+        if self.model != "default" and "model" in self.model_fields_set:
+            given.append("--model (the profile names the model)")
+        if given:
+            raise ValueError(f"--engine sim does not simulate {', '.join(given)}")
+        return self
 
     @model_validator(mode="after")
     def _known_engine_path(self) -> DaemonSettings:

@@ -70,11 +70,24 @@ class Engine:
         # The cache tiers, fastest first: RAM, then those the assembly attaches.
         self.tiers: list[CacheTier] = [RamTier(self.cache)]
         self._root = root_key(f"{loaded.name}|{loaded.source}")
+        self.scheduler = Scheduler(config)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._idle_total = 0
+        self.grammars = GrammarCompiler(loaded.tokenizer)
+        # Called on the engine thread with each finished request (telemetry).
+        self.observers: list[Callable[[GenerationRequest, Event], None]] = []
+        self.kv_group_size = 64
+        self._load_forward()
+
+    def _load_forward(self) -> None:
+        """The model's forward: its decode path (probed), the decoder and the prefiller
+        that run it, and what its KV occupies. The simulated engine replaces this."""
+        loaded, config = self.loaded, self.config
         attention.install(self.model, cpu=not loaded.on_gpu)
         activation.install(self.model, cpu=not loaded.on_gpu)
         self._logits = head.Head(self.model, cpu=not loaded.on_gpu)
         self.family = model_family(self.model)
-        self.kv_group_size = 64
         if config.kv_bits is not None:
             group = kv.quantization_group(self.model)
             if group is None:
@@ -94,7 +107,6 @@ class Engine:
         )
         self.decode_path = path.description
         log.info("decode path for %s: %s", self.family, self.decode_path)
-        self.scheduler = Scheduler(config)
         self.decoder = Decoder(
             self._logits,
             path,
@@ -114,15 +126,9 @@ class Engine:
             stale=self.scheduler.from_before_a_clear,
             wake=self.scheduler.wake.set,
         )
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._idle_total = 0
         self._bytes_per_token, self._bytes_per_block = probe.block_bytes(
             self.model, self._new_caches
         )
-        self.grammars = GrammarCompiler(loaded.tokenizer)
-        # Called on the engine thread with each finished request (telemetry).
-        self.observers: list[Callable[[GenerationRequest, Event], None]] = []
 
     def attach_tier(self, tier: CacheTier) -> None:
         """A tier beyond RAM (the assembly attaches the registry's, before `start()`):

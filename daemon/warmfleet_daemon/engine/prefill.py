@@ -156,6 +156,26 @@ class Prefiller:
         assert seq.caches is not None
         chunk = seq.chunks[seq.next_chunk]
         final = seq.next_chunk == len(seq.chunks) - 1 and not seq.request.prefill_only
+        logits = self._forward(seq, chunk, final)
+        self.tokens_total += chunk.size
+        parent = seq.chunks[seq.next_chunk - 1].key if seq.next_chunk else None
+        stale = self.stale(seq)  # the cache was cleared during this chunk
+        if not stale and chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
+            payload = self._block(seq, chunk, logits)
+            # RAM first; when it has no room (a session larger than RAM) or the parent left
+            # it meanwhile (a long prompt, an idle prefill that waited), the chain goes on
+            # in the next tier that keeps blocks (the disk).
+            for tier in self.tiers:
+                if tier.store(chunk, parent, payload):
+                    break
+        seq.final_logits = logits
+        seq.next_chunk += 1
+        mx.clear_cache()
+
+    def _forward(self, seq: SequenceState, chunk: Chunk, final: bool) -> mx.array | None:
+        """The chunk through the model into the sequence's caches; its last logits when
+        it is the prompt's final chunk (its first token is sampled from them)."""
+        assert seq.caches is not None
         inputs = mx.array(seq.tokens[chunk.start : chunk.end])[None]
         if final:
             logits: mx.array | None = self.logits(inputs, seq.caches)
@@ -166,17 +186,9 @@ class Prefiller:
             mx.eval(kv.cache_arrays(seq.caches))
         if seq.next_chunk == 0:
             kv.reserve(seq.caches, self._capacity(seq))
-        self.tokens_total += chunk.size
-        parent = seq.chunks[seq.next_chunk - 1].key if seq.next_chunk else None
-        stale = self.stale(seq)  # the cache was cleared during this chunk
-        if not stale and chunk.key not in self.cache and self.config.cache_budget_bytes > 0:
-            payload = kv.extract_block(seq.caches, chunk.start, chunk.end, logits)
-            # RAM first; when it has no room (a session larger than RAM) or the parent left
-            # it meanwhile (a long prompt, an idle prefill that waited), the chain goes on
-            # in the next tier that keeps blocks (the disk).
-            for tier in self.tiers:
-                if tier.store(chunk, parent, payload):
-                    break
-        seq.final_logits = logits
-        seq.next_chunk += 1
-        mx.clear_cache()
+        return logits
+
+    def _block(self, seq: SequenceState, chunk: Chunk, logits: mx.array | None) -> kv.BlockPayload:
+        """The block the chunk becomes in the cache."""
+        assert seq.caches is not None
+        return kv.extract_block(seq.caches, chunk.start, chunk.end, logits)

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from warmfleet_common.perf_profile import load_profile
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_common.tiers import TierCosts
 from warmfleet_daemon.cache.events import CacheEventLog
@@ -27,6 +28,8 @@ from warmfleet_daemon.models.loader import LoadedModel, load_model
 from warmfleet_daemon.runtime.diagnostics import CacheDiagnostics
 from warmfleet_daemon.runtime.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.settings import DaemonSettings, MiB
+from warmfleet_daemon.sim.engine import SimEngine
+from warmfleet_daemon.sim.loader import simulated_model
 from warmfleet_daemon.warming.manager import WarmManager
 from warmfleet_daemon.warming.next_turn import NextTurns
 from warmfleet_daemon.warming.pins import TimedPins
@@ -90,9 +93,9 @@ class DaemonState:
         def run() -> None:
             try:
                 t0 = time.perf_counter()
-                loaded = with_context(loader(self.settings.model), self.settings.max_context)
-                self.attach(Engine(loaded, self.engine_config(loaded)))
-                log.info("Model %s ready in %.1fs", loaded.name, time.perf_counter() - t0)
+                engine = self._build_engine(loader)
+                self.attach(engine)
+                log.info("Model %s ready in %.1fs", engine.loaded.name, time.perf_counter() - t0)
             except Exception as exc:  # reported on /readyz and in every 503 body
                 log.exception("model %r failed to load", self.settings.model)
                 self.load_error = f"{type(exc).__name__}: {exc}"
@@ -105,6 +108,32 @@ class DaemonState:
 
         self._thread = threading.Thread(target=run, name="warmfleet-load", daemon=True)
         self._thread.start()
+
+    def _build_engine(self, loader: Callable[[str], LoadedModel]) -> Engine:
+        settings = self.settings
+        if settings.engine != "sim":
+            loaded = with_context(loader(settings.model), settings.max_context)
+            return Engine(loaded, self.engine_config(loaded))
+        assert settings.profile is not None  # the settings say so
+        profile = load_profile(settings.profile)
+        loaded = with_context(simulated_model(profile), settings.max_context)
+        config = self.engine_config(loaded)
+        config = dataclasses.replace(
+            config,
+            block_size=settings.block_size or profile.block_size,
+            cache_budget_bytes=(
+                config.cache_budget_bytes
+                if settings.cache_memory_mb is not None
+                else profile.memory_budget_bytes
+            ),
+        )
+        return SimEngine(
+            loaded,
+            config,
+            profile,
+            speed=settings.sim_speed,
+            answer_tokens=settings.sim_answer_tokens,
+        )
 
     def engine_config(self, loaded: LoadedModel) -> EngineConfig:
         return EngineConfig(
@@ -121,27 +150,33 @@ class DaemonState:
         # Listening before anything is stored, so the log misses no block.
         events = CacheEventLog[BlockPayload](lambda payload: payload.logits is not None)
         engine.cache.listeners.append(events.record)
-        transfer = KVTransfer(  # probes the model: before the engine thread starts
-            engine,
-            state_dir=settings.state_dir,
-            snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
-            warm_from=settings.warm_from,
-            peer_token=settings.admin_token,
-            peer_deadline_s=settings.warm_from_deadline_s,
-            cache_dir=settings.resolved_cache_dir(),
-            cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
-            spill=settings.spill,
-            spill_deadline_s=settings.spill_deadline_s,
-        )
-        for tier in transfer.tiers:  # the disk, the peer copies of a spill
-            engine.attach_tier(tier)
-            tier.listeners.append(events.tier_listener(tier.name))  # the router follows them
-        # Measured before the engine's thread starts (the model is idle), on a thread of its
-        # own that is gone before we go on (see on_a_thread_of_its_own).
-        costs = on_a_thread_of_its_own(
-            lambda: measure_tier_costs(engine, transfer.codec), "warmfleet-tier-costs"
-        )
-        transfer.spill.costs = costs  # what a spill's copy is weighed against
+        if isinstance(engine, SimEngine):
+            # No KV to move (its blocks are sizes): no disk tier, no peer copies yet.
+            transfer, costs = None, engine.tier_costs()
+            if settings.resolved_cache_dir():
+                log.info("The simulated engine has no disk tier (not simulated yet)")
+        else:
+            transfer = KVTransfer(  # probes the model: before the engine thread starts
+                engine,
+                state_dir=settings.state_dir,
+                snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
+                warm_from=settings.warm_from,
+                peer_token=settings.admin_token,
+                peer_deadline_s=settings.warm_from_deadline_s,
+                cache_dir=settings.resolved_cache_dir(),
+                cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
+                spill=settings.spill,
+                spill_deadline_s=settings.spill_deadline_s,
+            )
+            for tier in transfer.tiers:  # the disk, the peer copies of a spill
+                engine.attach_tier(tier)
+                tier.listeners.append(events.tier_listener(tier.name))  # the router follows
+            # Measured before the engine's thread starts (the model is idle), on a thread of
+            # its own that is gone before we go on (see on_a_thread_of_its_own).
+            costs = on_a_thread_of_its_own(
+                lambda: measure_tier_costs(engine, transfer.codec), "warmfleet-tier-costs"
+            )
+            transfer.spill.costs = costs  # what a spill's copy is weighed against
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
@@ -173,8 +208,9 @@ class DaemonState:
         )
         telemetry.observe_engine(engine)
         telemetry.observe_warm_sets(warm)
-        telemetry.observe_disk_tier(transfer.disk)  # at 0 without one: "off", not "No data"
-        telemetry.observe_spill(transfer.spill)
+        # At 0 without them: "off", not "No data".
+        telemetry.observe_disk_tier(transfer.disk if transfer else None)
+        telemetry.observe_spill(transfer.spill if transfer else None)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()

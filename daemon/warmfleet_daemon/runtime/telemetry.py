@@ -237,11 +237,14 @@ class Telemetry(otel.Metrics):
                 f"warmfleet.disk_tier.{name}", [read(field)], unit=unit, description=description
             )
 
-    def observe_spill(self, spill: PeerSpill) -> None:
-        """Spill copies from peers, read from their stats at collection."""
+    def observe_spill(self, spill: PeerSpill | None) -> None:
+        """Spill copies from peers, read from their stats at collection (at 0 on a daemon
+        that copies none: the simulated engine's)."""
         meter, base = self._meter, self._base
 
         def read(field: str) -> _Callback:
+            if spill is None:
+                return lambda _: [Observation(0, base)]
             return lambda _: [Observation(getattr(spill.stats(), field), base)]
 
         counters = (
