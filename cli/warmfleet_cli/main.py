@@ -67,6 +67,10 @@ COMMANDS: dict[str, Command] = {
         "warmfleet_cli.up",
         "the fleet on one machine: N daemons, the operator (local mode), the router",
     ),
+    "sim": Command(
+        "warmfleet_cli.sim.cli",
+        "a simulated fleet's workloads: `trace` writes an agent-population trace",
+    ),
     "warm-prompts": Command(
         "warmfleet_cli.warm_prompts.cli",
         "warm prompts from the agents themselves: `capture` records an agent's first request",

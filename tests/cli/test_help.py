@@ -28,6 +28,8 @@ COMMANDS = [
     ("operator",),
     ("router",),
     ("up",),
+    ("sim",),
+    ("sim", "trace"),
     ("warm-prompts",),
     ("warm-prompts", "capture"),
 ]
@@ -74,6 +76,7 @@ def _modules_loaded_by(argv: list[str]) -> list[str]:
         ["operator", "--help"],
         ["bench-serve", "--help"],
         ["warm-prompts", "capture", "--help"],
+        ["sim", "trace", "--help"],
     ],
 )
 def test_a_subcommand_loads_only_what_it_needs(argv: list[str]) -> None:

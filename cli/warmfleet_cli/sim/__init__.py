@@ -1,0 +1,1 @@
+"""`warmfleet sim`: a simulated fleet's workloads (agent-population traces)."""
