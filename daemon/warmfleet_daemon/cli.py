@@ -74,6 +74,19 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="--engine sim: answers end after N tokens unless max_tokens is lower (default 64)",
     )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help="--engine sim: N simulated daemons in this process, on --port and the ports "
+        "after it, named DAEMON_NAME-I (default 1)",
+    )
+    p.add_argument(
+        "--first-node",
+        type=int,
+        metavar="I",
+        help="with --nodes: the first daemon's number I (default 1)",
+    )
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")
@@ -277,19 +290,34 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    nodes, first = args.nodes or 1, args.first_node or 1
+    if (args.nodes is not None or args.first_node is not None) and settings.engine != "sim":
+        print("warmfleet serve: --nodes and --first-node only with --engine sim", file=sys.stderr)
+        return 2
+    if nodes < 1 or first < 1 or (nodes > 1 and settings.port == 0):
+        print("warmfleet serve: --nodes N >= 1, --first-node I >= 1, a --port", file=sys.stderr)
+        return 2
     # Bound before the model starts loading: uvicorn binds after startup, and its exit on a
     # taken port, with the loading thread inside MLX, aborted the process (exit 134).
-    try:
-        listener = socket.create_server(
-            (settings.host, settings.port),
-            family=socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
-        )
-    except OSError as exc:
-        print(
-            f"warmfleet serve: cannot listen on {settings.host}:{settings.port}: {exc}",
-            file=sys.stderr,
-        )
-        return 3
+    listeners: list[socket.socket] = []
+    for port in range(settings.port, settings.port + nodes):
+        try:
+            listeners.append(
+                socket.create_server(
+                    (settings.host, port),
+                    family=socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
+                )
+            )
+        except OSError as exc:
+            print(
+                f"warmfleet serve: cannot listen on {settings.host}:{port}: {exc}", file=sys.stderr
+            )
+            for taken in listeners:
+                taken.close()
+            return 3
+    if args.nodes is not None:
+        return _serve_simulated_nodes(settings, nodes, first, listeners)
+    listener = listeners[0]
     failure = register_if_asked(args, settings)  # --register NAME: this node's WarmNode
     if failure:
         print(f"warmfleet serve: {failure}", file=sys.stderr)
@@ -330,6 +358,27 @@ def serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
         server.run(sockets=[listener])
     return 0 if server.started else 3  # uvicorn's exit code when it could not start
+
+
+def _serve_simulated_nodes(
+    settings: Any, nodes: int, first: int, listeners: list[socket.socket]
+) -> int:
+    from warmfleet_daemon.fleet_process import member_settings, serve_many
+
+    members = member_settings(settings, nodes, first, settings.port)
+    log.info(
+        "%d simulated daemons (profile %s, %gx) on http://%s:%d-%d, named %s to %s",
+        nodes,
+        settings.profile,
+        settings.sim_speed,
+        settings.host,
+        settings.port,
+        settings.port + nodes - 1,
+        members[0].daemon_name,
+        members[-1].daemon_name,
+    )
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    return 0 if serve_many(members, listeners) else 3
 
 
 def convert(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from warmfleet_daemon.runtime.diagnostics import CacheDiagnostics
 from warmfleet_daemon.runtime.telemetry import Telemetry, TelemetryConfig, default_daemon_name
 from warmfleet_daemon.settings import DaemonSettings, MiB
 from warmfleet_daemon.sim.engine import SimEngine
-from warmfleet_daemon.sim.loader import simulated_model
+from warmfleet_daemon.sim.loader import shared_prompt_builder, simulated_model
 from warmfleet_daemon.warming.manager import WarmManager
 from warmfleet_daemon.warming.next_turn import NextTurns
 from warmfleet_daemon.warming.pins import TimedPins
@@ -182,7 +182,8 @@ class DaemonState:
         ids = {loaded.name, settings.model, "default"}
         if settings.served_model_name:
             ids.add(settings.served_model_name)
-        prompts = PromptBuilder(loaded.tokenizer)
+        sim = isinstance(engine, SimEngine)  # a hundred of them may share the process
+        prompts = shared_prompt_builder() if sim else PromptBuilder(loaded.tokenizer)
         warm = WarmManager(
             engine,
             prompts,

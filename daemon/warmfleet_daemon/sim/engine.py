@@ -29,6 +29,7 @@ from warmfleet_daemon.engine.sequence import SequenceState
 from warmfleet_daemon.engine.tiers import CacheTier
 from warmfleet_daemon.models.loader import LoadedModel
 from warmfleet_daemon.sim.forward import ANSWER_TEXT, SimClock, SimForward, SimLogits
+from warmfleet_daemon.sim.loader import vocab_size
 
 
 class SimEngine(Engine):
@@ -64,7 +65,7 @@ class SimEngine(Engine):
             self.forward,
             self.decode_path,
             eos=eos,
-            vocab=len(tokenizer.vocab),
+            vocab=vocab_size(),
             context_length=self.loaded.context_length,
             finish=self._finish,
         )

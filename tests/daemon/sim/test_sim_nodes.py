@@ -1,0 +1,85 @@
+"""`warmfleet serve --engine sim --nodes N`: N whole simulated daemons in one process,
+each on its own port with its own name, cache and metrics; one Ctrl-C stops them all."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from support.processes import interrupt
+from support.sim import write_profile
+
+
+def consecutive_free_ports(count: int) -> int:
+    for base in range(21000, 60000, 97):
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def test_three_daemons_in_one_process(tmp_path: Path) -> None:
+    profile = write_profile(tmp_path / "mac.json")
+    base = consecutive_free_ports(3)
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "warmfleet_cli", "serve", "--engine", "sim",
+            "--profile", str(profile), "--sim-speed", "50", "--nodes", "3",
+            "--first-node", "4", "--port", str(base), "--daemon-name", "mac",
+            "--log-level", "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        urls = [f"http://127.0.0.1:{base + i}" for i in range(3)]
+        deadline = time.monotonic() + 120
+        while not all(_ready(u) for u in urls):
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        body = {"model": "default", "max_tokens": 3, "prompt": "the middle one " * 50}
+        for _ in range(2):
+            r = httpx.post(f"{urls[1]}/v1/completions", json=body, timeout=60)
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        entries = [httpx.get(f"{u}/v1/status").json()["cache"]["entry_count"] for u in urls]
+        assert entries[0] == entries[2] == 0 < entries[1]  # each its own cache
+        for i, url in enumerate(urls):
+            assert f'daemon="mac-{4 + i}"' in httpx.get(f"{url}/metrics").text
+    finally:
+        code = interrupt(process)
+    assert code == 0, (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_nodes_need_the_simulated_engine() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "warmfleet_cli", "serve", "--model", "tiny-random", "--nodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "--nodes and --first-node only with --engine sim" in done.stderr

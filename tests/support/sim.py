@@ -1,0 +1,27 @@
+"""Simulated daemons in tests: a profile file of made-up, round figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from warmfleet_common.perf_profile import PerfProfile, RatePoint, dump_profile
+
+
+def write_profile(path: Path) -> Path:
+    profile = PerfProfile(
+        name="test-mac",
+        machine="a Mac in a test",
+        model="test-7b",
+        source="made up for the tests",
+        context_length=8192,
+        block_size=64,
+        kv_bytes_per_token=131072,
+        logits_bytes=600_000,
+        memory_budget_bytes=2 << 30,
+        prefill=(RatePoint(at=0, tokens_per_s=2000), RatePoint(at=8192, tokens_per_s=800)),
+        decode=(RatePoint(at=1, tokens_per_s=40), RatePoint(at=8, tokens_per_s=20)),
+        decode_reference_context=1024,
+        restore={"ram": 200_000},
+    )
+    path.write_text(dump_profile(profile))
+    return path
