@@ -7,8 +7,12 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from warmfleet_common.logs import setup_logging
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,23 +33,34 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--concurrency",
-        default="1,4,8",
         metavar="N[,N..]",
-        help="requests in flight at once, one cell per value (default: 1,4,8)",
+        help="requests in flight at once, one cell per value (default: 1,4,8; with "
+        "--profile-out the decode batch sizes, default 1,2,4,8,16)",
     )
     p.add_argument(
         "--system-prompt-file",
         metavar="F",
         help="use this system prompt in every request (replacing the prompts' own)",
     )
-    p.add_argument("--max-tokens", type=int, default=64, help="per request (default: 64)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help="per request (default: 64; with --profile-out the tokens of each decode "
+        "sample, default 32)",
+    )
     p.add_argument(
         "--requests",
         type=int,
         metavar="N",
         help="requests per cell (default: the concurrency: one simultaneous burst)",
     )
-    p.add_argument("--repetitions", type=int, default=1, metavar="N", help="runs of each cell")
+    p.add_argument(
+        "--repetitions",
+        type=int,
+        metavar="N",
+        help="runs of each cell (default 1; with --profile-out of the whole profile, each "
+        "figure the median, default 3)",
+    )
     p.add_argument("--tag", default="", help="label of this run in the output (cold, warm, ...)")
     p.add_argument(
         "--output", metavar="F", help="write the rows to F (CSV, or JSON if F ends in .json)"
@@ -65,7 +80,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--admin-token-file",
         metavar="F",
-        help="bearer token for DELETE /v1/cache/prefix (or WARMFLEET_ADMIN_TOKEN)",
+        help="bearer token for DELETE /v1/cache/prefix, and the warm sets and status of "
+        "--profile-out (or WARMFLEET_ADMIN_TOKEN)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     p.add_argument(
@@ -73,6 +89,35 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help="write the warm-prompts file for these prompts' shared system prompt (and tools) "
         "to F, for `warmfleet serve --warm-prompts F`, and exit",
+    )
+    profile = p.add_argument_group(
+        "performance profile",
+        "measure a warmfleet daemon (alone: nothing else may use it meanwhile; its prefix "
+        "cache is cleared) into a profile for `warmfleet serve --engine sim --profile FILE`: "
+        "marginal prefill rates at context positions, decode rates per batch size and per "
+        "context, restore rates from RAM and disk, KV and logits bytes",
+    )
+    profile.add_argument("--profile-out", metavar="FILE", help="write the profile (JSON) to FILE")
+    profile.add_argument(
+        "--profile-contexts",
+        default="512,1024,2048,4096,8192,16384,32768",
+        metavar="N[,N..]",
+        help="context positions of the prefill and decode rates, those beyond the daemon's "
+        "context left out (default: 512,1024,2048,4096,8192,16384,32768)",
+    )
+    profile.add_argument(
+        "--profile-name", metavar="NAME", help="the profile's name (default: FILE's name)"
+    )
+    profile.add_argument(
+        "--profile-machine",
+        metavar="TEXT",
+        help="the machine measured: chip, memory (default for a local daemon: this "
+        "machine's CPU model, cores, memory and OS; required otherwise)",
+    )
+    profile.add_argument(
+        "--profile-model",
+        metavar="TEXT",
+        help="the model measured, with its precision (default: the served model's id)",
     )
 
 
@@ -93,6 +138,8 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     err = report.console(stderr=True)
+    if args.profile_out:
+        return _profile(args, err)
     try:
         system = _read_text(args.system_prompt_file).strip() if args.system_prompt_file else None
         sets = load_prompt_sets(args.prompts, system)
@@ -110,19 +157,15 @@ def serve(args: argparse.Namespace) -> int:
             return 0
         if not args.url:
             raise BenchError("--url is required (the server to benchmark)")
-        token = (
-            _read_text(args.admin_token_file).strip()
-            if args.admin_token_file
-            else os.environ.get("WARMFLEET_ADMIN_TOKEN")
-        )
+        token = _admin_token(args)
         options = BenchOptions(
             url=args.url,
             prompt_sets=sets,
-            concurrency=_int_list(args.concurrency, "--concurrency"),
+            concurrency=_int_list(args.concurrency or "1,4,8", "--concurrency"),
             model=args.model,
-            max_tokens=args.max_tokens,
+            max_tokens=64 if args.max_tokens is None else args.max_tokens,
             requests=args.requests,
-            repetitions=args.repetitions,
+            repetitions=1 if args.repetitions is None else args.repetitions,
             tag=args.tag,
             cache_policy=args.cache_policy,
             admin_token=token or None,
@@ -151,6 +194,67 @@ def serve(args: argparse.Namespace) -> int:
         out.print(f"wrote {len(bench.rows)} rows to {args.output}", markup=False)
     report.print_errors(bench, err)
     return 1 if bench.errors else 0
+
+
+def _profile(args: argparse.Namespace, err: Console) -> int:
+    """`--profile-out`: measure the daemon, write its profile, print a summary."""
+    from rich.markup import escape
+
+    from warmfleet_cli.bench_serve import profile_build as build
+    from warmfleet_cli.bench_serve.profiling import ProfileOptions, is_local, run_profile
+    from warmfleet_cli.bench_serve.serve import BenchError
+    from warmfleet_common.perf_profile import dump_profile
+
+    try:
+        if not args.url:
+            raise BenchError("--url is required (the daemon to measure)")
+        machine = args.profile_machine
+        if not machine:
+            if not is_local(args.url):
+                raise BenchError("--profile-machine is required for a daemon on another machine")
+            machine = build.this_machine()
+        options = ProfileOptions(
+            url=args.url,
+            contexts=_int_list(args.profile_contexts, "--profile-contexts"),
+            batches=_int_list(args.concurrency or "1,2,4,8,16", "--concurrency"),
+            repetitions=3 if args.repetitions is None else args.repetitions,
+            decode_tokens=32 if args.max_tokens is None else args.max_tokens,
+            model=args.model,
+            admin_token=_admin_token(args),
+            timeout_s=args.timeout,
+        )
+        measured = run_profile(options, _Notes(err))
+        profile = build.build_profile(
+            measured,
+            name=args.profile_name or build.profile_name(args.profile_out),
+            machine=machine,
+            model=args.profile_model,
+        )
+        with open(args.profile_out, "w", encoding="utf-8") as f:
+            f.write(dump_profile(profile))
+    except (BenchError, OSError, ValueError) as exc:
+        err.print(f"[red]warmfleet bench-serve: {escape(str(exc))}[/red]", highlight=False)
+        return 2
+    print(build.summary(profile))
+    print(f"wrote {args.profile_out}")
+    return 0
+
+
+class _Notes:
+    def __init__(self, console: Console) -> None:
+        self._console = console
+
+    def note(self, text: str) -> None:
+        self._console.print(text, style="dim", markup=False, highlight=False)
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    token = (
+        _read_text(args.admin_token_file).strip()
+        if args.admin_token_file
+        else os.environ.get("WARMFLEET_ADMIN_TOKEN")
+    )
+    return token or None
 
 
 def compare(args: argparse.Namespace) -> int:
