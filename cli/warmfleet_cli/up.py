@@ -40,6 +40,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=2, help="daemons to start (default 2)")
     p.add_argument("--model", default="default", help="what every daemon serves")
     p.add_argument(
+        "--engine",
+        choices=["mlx", "sim"],
+        default="mlx",
+        help="sim: simulated Macs (`serve --engine sim`), up to 256, many to a process",
+    )
+    p.add_argument("--profile", metavar="NAME|FILE", help="--engine sim: the Macs' profile")
+    p.add_argument(
+        "--sim-speed", type=float, metavar="X", help="--engine sim: time runs X times faster"
+    )
+    p.add_argument(
+        "--sim-per-process",
+        type=int,
+        default=50,
+        metavar="N",
+        help="--engine sim: simulated daemons per process (default 50)",
+    )
+    p.add_argument(
         "--warm",
         metavar="PATH",
         help="WarmPromptSets to keep warm: a folder of YAML, a file of WarmPromptSets, or a "
@@ -181,9 +198,21 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+MAX_NODES = {"mlx": 64, "sim": 256}
+
+
 def run(args: argparse.Namespace) -> int:
-    if not 1 <= args.nodes <= 64:
-        return _fail("--nodes must be between 1 and 64")
+    limit = MAX_NODES[args.engine]
+    if not 1 <= args.nodes <= limit:
+        return _fail(f"--nodes must be between 1 and {limit} (--engine {args.engine})")
+    if args.engine == "sim" and not args.profile:
+        return _fail("--engine sim needs --profile NAME|FILE")
+    if args.engine == "sim" and args.model != "default":
+        return _fail("--engine sim: the profile names the model (leave --model out)")
+    if args.engine != "sim" and (args.profile or args.sim_speed is not None):
+        return _fail("--profile and --sim-speed only with --engine sim")
+    if args.sim_per_process < 1:
+        return _fail("--sim-per-process must be at least 1")
     ports = [args.port + i for i in range(args.nodes + 1)]
     busy = [p for p in ports if not port_free(args.host, p)]
     if busy:
@@ -213,12 +242,21 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     me = [sys.executable, "-m", "warmfleet_cli"]
     try:
-        for i in range(args.nodes):
-            port = args.port + 1 + i
+        for first, count in _daemon_groups(args):
+            port = args.port + first
             cmd = [
-                *me, "serve", "--model", args.model, "--host", args.host, "--port", str(port),
-                "--admin-token-file", str(token_file), "--daemon-name", f"node-{i + 1}",
+                *me, "serve", "--host", args.host, "--port", str(port),
+                "--admin-token-file", str(token_file),
             ]  # fmt: skip
+            if args.engine == "sim":
+                cmd += [
+                    "--engine", "sim", "--profile", args.profile, "--daemon-name", "node",
+                    "--nodes", str(count), "--first-node", str(first),
+                ]  # fmt: skip
+                if args.sim_speed is not None:
+                    cmd += ["--sim-speed", str(args.sim_speed)]
+            else:
+                cmd += ["--model", args.model, "--daemon-name", f"node-{first}"]
             if args.cache_memory_mb is not None:
                 cmd += ["--cache-memory-mb", str(args.cache_memory_mb)]
             if args.block_size is not None:
@@ -227,11 +265,18 @@ def run(args: argparse.Namespace) -> int:
                 cmd += ["--max-context", str(args.max_context)]
             if args.max_output_tokens is not None:
                 cmd += ["--max-output-tokens", str(args.max_output_tokens)]
-            if args.state_dir is not None:
-                cmd += ["--state-dir", str(Path(args.state_dir) / f"node-{i + 1}")]
+            if args.state_dir is not None:  # simulated daemons add node-I themselves
+                own = "" if args.engine == "sim" else f"node-{first}"
+                cmd += ["--state-dir", str(Path(args.state_dir) / own)]
             cmd += ["--log-level", args.log_level] + (["--access-log"] if args.access_log else [])
-            children.append(Child(f"node-{i + 1}", _spawn(cmd)))
-            _say(f"daemon node-{i + 1:<4} http://{args.host}:{port}  (model {args.model})")
+            last = first + count - 1
+            name = f"node-{first}" if count == 1 else f"node-{first}..{last}"
+            children.append(Child(name, _spawn(cmd)))
+            if args.engine == "sim":
+                _say(f"simulated      {name} http://{args.host}:{port}-{port + count - 1}  "
+                     f"(profile {args.profile})")  # fmt: skip
+            else:
+                _say(f"daemon {name:<7} http://{args.host}:{port}  (model {args.model})")
         children.append(
             Child(
                 "operator",
@@ -266,6 +311,13 @@ def run(args: argparse.Namespace) -> int:
         _stop(children)
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _daemon_groups(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(first node number, daemons) per process: one each, or for simulated daemons
+    --sim-per-process to a process."""
+    per = args.sim_per_process if args.engine == "sim" else 1
+    return [(first, min(per, args.nodes - first + 1)) for first in range(1, args.nodes + 1, per)]
 
 
 CLAUDE_CODE_MIN_COMPACT_WINDOW = 100_000  # Claude Code 2.1 reads a smaller window as this

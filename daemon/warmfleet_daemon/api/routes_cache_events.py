@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from functools import lru_cache
+from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
@@ -42,15 +43,16 @@ router = APIRouter(
 NDJSON = "application/x-ndjson"
 
 
-@lru_cache(maxsize=4)
 def layout_of(engine: Engine) -> CacheLayout:
     loaded = engine.loaded
-    return export_layout(
-        loaded.tokenizer,
-        model=loaded.name,
-        root=engine.root,
-        block_size=engine.config.block_size,
-    )
+    return _layout(loaded.tokenizer, loaded.name, engine.root, engine.config.block_size)
+
+
+@lru_cache(maxsize=8)
+def _layout(tokenizer: Any, model: str, root: bytes, block_size: int) -> CacheLayout:
+    # Exporting the tokenizer takes ~90 ms: once per layout, which the hundred simulated
+    # daemons of a process share (keyed by engine, an LRU of a few thrashed among them).
+    return export_layout(tokenizer, model=model, root=root, block_size=block_size)
 
 
 @router.get("/layout", response_model=CacheLayout)
