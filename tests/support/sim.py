@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from warmfleet_common.perf_profile import PerfProfile, RatePoint, dump_profile
@@ -25,3 +26,20 @@ def write_profile(path: Path) -> Path:
     )
     path.write_text(dump_profile(profile))
     return path
+
+
+def consecutive_free_ports(count: int) -> int:
+    for base in range(21000, 60000, 97):
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no free ports")

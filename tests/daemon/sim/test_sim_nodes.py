@@ -3,7 +3,6 @@ each on its own port with its own name, cache and metrics; one Ctrl-C stops them
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,24 +11,7 @@ from pathlib import Path
 import httpx
 
 from support.processes import interrupt
-from support.sim import write_profile
-
-
-def consecutive_free_ports(count: int) -> int:
-    for base in range(21000, 60000, 97):
-        try:
-            held = []
-            for port in range(base, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError("no free ports")
+from support.sim import consecutive_free_ports, write_profile
 
 
 def test_three_daemons_in_one_process(tmp_path: Path) -> None:
