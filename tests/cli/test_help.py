@@ -30,6 +30,7 @@ COMMANDS = [
     ("up",),
     ("sim",),
     ("sim", "trace"),
+    ("sim", "replay"),
     ("warm-prompts",),
     ("warm-prompts", "capture"),
 ]

@@ -8,13 +8,13 @@ from pathlib import Path
 from warmfleet_common.perf_profile import PerfProfile, RatePoint, dump_profile
 
 
-def write_profile(path: Path) -> Path:
+def write_profile(path: Path, context_length: int = 8192) -> Path:
     profile = PerfProfile(
         name="test-mac",
         machine="a Mac in a test",
         model="test-7b",
         source="made up for the tests",
-        context_length=8192,
+        context_length=context_length,
         block_size=64,
         kv_bytes_per_token=131072,
         logits_bytes=600_000,

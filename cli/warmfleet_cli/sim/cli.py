@@ -182,12 +182,84 @@ def run_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", metavar="TRACE", help="a trace file (`warmfleet sim trace`)")
+    p.add_argument("--url", required=True, help="the fleet's router (or any agent API server)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        metavar="X",
+        help="the fleet's --sim-speed: wall seconds x X are the Mac's seconds (default: the "
+        "trace's compression, which the fleet should run at)",
+    )
+    p.add_argument("--sessions", type=int, metavar="N", help="only the first N sessions")
+    p.add_argument("--model", default="default", help="the model every request names")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--out", metavar="FILE", help="one JSON line per request to FILE")
+    p.add_argument("--api-key", default="unused", help="sent as each API's key header")
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from warmfleet_cli.sim.replay import (
+        ReplayError,
+        ReplayOptions,
+        check_fleet,
+        outcome_row,
+        replay,
+        summary,
+    )
+    from warmfleet_cli.sim.trace import read
+
+    try:
+        header, records = read(args.trace)
+    except (OSError, ValueError) as exc:
+        print(f"warmfleet sim replay: {exc}", file=sys.stderr)
+        return 2
+    scale = args.time_scale or float(header.get("params", {}).get("compress", 1.0))
+    if scale <= 0 or (args.sessions is not None and args.sessions < 1):
+        print("warmfleet sim replay: --time-scale > 0, --sessions >= 1", file=sys.stderr)
+        return 2
+    options = ReplayOptions(
+        args.url.rstrip("/"), scale, args.model, args.timeout, args.sessions, args.api_key
+    )
+    try:
+        asyncio.run(check_fleet(header, options))
+    except ReplayError as exc:
+        print(f"warmfleet sim replay: {exc}", file=sys.stderr)
+        return 2
+    outcomes, skipped = asyncio.run(replay(header, records, options))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as out:
+            for outcome in outcomes:
+                out.write(json.dumps(outcome_row(outcome)) + "\n")
+    result = summary(outcomes, skipped)
+    print(json.dumps(result, indent=2))
+    for event in result["node_events_not_applied"]:
+        print(
+            f"warmfleet sim replay: {event['event']} at trace second {event['t']:.0f} not "
+            "applied (node events need control of the fleet's processes: not built yet)",
+            file=sys.stderr,
+        )
+    return 1 if result["failed"] else 0
+
+
 VERBS: dict[str, Verb] = {
     "trace": Verb(
         "write an agent-population trace (Claude Code and Codex sessions over a day)",
         TRACE_DESCRIPTION,
         add_trace_arguments,
         run_trace,
+    ),
+    "replay": Verb(
+        "replay a trace's sessions against a fleet, closed-loop; TTFT and hits per request",
+        "Send a trace's sessions to a fleet (its router) as their CLIs would: each step "
+        "after the previous response and its gap, streaming; print TTFT percentiles (first "
+        "requests and later ones, in the profiled Mac's seconds) and hit rates.",
+        add_replay_arguments,
+        run_replay,
     ),
 }
 
