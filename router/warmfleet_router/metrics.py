@@ -30,6 +30,8 @@ from warmfleet_common.tiers import TIERS, TierTokens
 from warmfleet_router.backend import Backend
 
 TTFB_BUCKETS = otel.LATENCY_BUCKETS
+# A decision is parsing and keying the body, then scoring every backend: milliseconds.
+DECISION_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25)
 HEALTH = ("ready", "unready", "draining", "down", "unknown")
 
 
@@ -121,6 +123,13 @@ class RouterMetrics(otel.Metrics):
             description="From the request's arrival to the backend's first response byte",
             explicit_bucket_boundaries_advisory=TTFB_BUCKETS,
         )
+        self._decision = meter.create_histogram(
+            "warmfleet.router.decision.duration",
+            unit="s",
+            description="From a request's arrival to the backend chosen for it: its body "
+            "parsed and keyed (in a key worker), every backend scored",
+            explicit_bucket_boundaries_advisory=DECISION_BUCKETS,
+        )
         self._backends: Callable[[], Iterable[Backend]] = list
         self._index_size: Callable[[str], int] = lambda _: 0
         meter.create_observable_gauge(
@@ -200,6 +209,9 @@ class RouterMetrics(otel.Metrics):
                     self._predicted_tiers.add(tokens, {**judged, "warmfleet.cache.tier": tier})
             for tier, tokens in (served_tiers or {}).items():
                 self._served_tiers.add(tokens, {**base, "warmfleet.cache.tier": tier})
+
+    def decision(self, route: str, seconds: float) -> None:
+        self._decision.record(seconds, {"warmfleet.route": route})
 
     def request_cpu(self, route: str, stage: str, seconds: float) -> None:
         self._cpu.add(seconds, {"warmfleet.route": route, "warmfleet.stage": stage})

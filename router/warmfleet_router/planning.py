@@ -120,6 +120,7 @@ class Planner:
         sources = {b.name: source(b) for b in backends}
         holders = self._holders(prepared.blocks) if keyed else {}
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
+        self.metrics.decision(route.name, time.monotonic() - arrived)
         return Plan(decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders)
 
     def _holders(self, keyed: Mapping[str, RequestBlocks]) -> dict[str, int]:
