@@ -2,7 +2,7 @@
 in process (a prefix cache of chained blocks cut at message starts, RAM and a disk tier,
 warm sets, the status figures), and the arithmetic from samples to a profile on made-up
 samples. Nothing here asserts a speed: only which figures are measured, where, and how
-they are computed."""
+they are computed; and the profile shipped for this machine loads."""
 
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ from warmfleet_cli.bench_serve.profiling import (
     plan_chunks,
 )
 from warmfleet_cli.main import main
-from warmfleet_common.perf_profile import parse_profile
+from warmfleet_common.perf_profile import load_profile, parse_profile
 
 BLOCK, CONTEXT, KV, LOGITS, MAX_SEQS = 16, 512, 1000, 64, 4
+SHIPPED = "linux-x86-2core-smollm2-135m-f32"
 
 
 class FakeDaemon:
@@ -270,3 +271,13 @@ def test_medians_and_spread() -> None:
     assert "256: 200 [100-250]" in profile.notes  # the median and the runs' range
     assert profile.restore == {"ram": pytest.approx(1e4), "disk": pytest.approx(1e3)}
     assert profile.kv_bytes_per_token == KV and profile.model == "m (float32)"
+
+
+def test_the_shipped_profile_of_this_machine_loads() -> None:
+    profile = load_profile(SHIPPED)
+    assert profile.name == SHIPPED and "SmolLM2-135M" in profile.model
+    assert "AMD EPYC" in profile.machine
+    assert profile.source.startswith("measured by warmfleet bench-serve")
+    assert profile.block_size == 128 and profile.kv_bytes_per_token == 46080
+    assert len(profile.prefill) >= 5 and [p.at for p in profile.decode][:3] == [1, 2, 4]
+    assert "ram" in profile.restore and profile.decode_by_context

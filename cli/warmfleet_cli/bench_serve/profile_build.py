@@ -155,7 +155,8 @@ def build_profile(
         decode_by_context=by_context,
         restore=restore,
         notes="; ".join(notes)
-        + f". Each decode sample: {opts.decode_tokens} tokens, timed after the first.",
+        + f". Each decode sample: {opts.decode_tokens} tokens, timed from the second (a "
+        "cached prompt restores its caches after the first).",
     )
 
 
