@@ -119,11 +119,18 @@ class SimPrefiller(Prefiller):
         self.forward = forward
 
     def advance(self, seq: SequenceState) -> bool:
-        before = seq.cached
+        before, computed = seq.cached, self.tokens_total
         done = super().advance(seq)
-        for tier in TIERS:  # the cached blocks it took this step, read into its caches
-            if taken := seq.cached[tier] - before[tier]:
-                self.forward.restored(tier, taken)
+        seconds = sum(  # the cached blocks it took this step, read into its caches
+            self.forward.profile.restore_seconds(tier, seq.cached[tier] - before[tier])
+            for tier in TIERS
+        )
+        if done and self.tokens_total == computed and not seq.request.prefill_only:
+            # Entirely cached: the real engine samples the first token from the logits
+            # kept with the last block and restores the KV lazily, in the next decode step.
+            self.forward.deferred[seq] = self.forward.deferred.get(seq, 0.0) + seconds
+        else:
+            self.forward.clock.spend(seconds)
         return done
 
     def _forward(self, seq: SequenceState, chunk: Chunk, final: bool) -> mx.array | None:
@@ -162,6 +169,8 @@ class SimDecoder(Decoder):
 
     def step(self) -> None:
         seqs = list(self.decoding)
+        deferred = self.forward.deferred
+        self.forward.clock.spend(sum(deferred.pop(s, 0.0) for s in seqs))  # lazy restores
         self.forward.decode_step([len(s.tokens) + len(s.generated) for s in seqs])
         token_ids = self.sample(seqs, cast(Any, None))
         now = time.perf_counter()
@@ -171,6 +180,7 @@ class SimDecoder(Decoder):
 
     def leave(self, seq: SequenceState) -> None:
         self._answers.pop(seq, None)
+        self.forward.deferred.pop(seq, None)  # no next step: its restore never ran
         super().leave(seq)
 
     def sample(self, seqs: list[SequenceState], logits: mx.array) -> list[int]:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from warmfleet_common.perf_profile import PerfProfile
-from warmfleet_common.tiers import Tier
 from warmfleet_daemon.engine import kv
 
 # What every simulated answer says, cycled (its tokens, from the served tokenizer).
@@ -59,6 +58,9 @@ class SimForward:
         self.clock = clock
         self.answer = answer
         self.answer_tokens = answer_tokens  # an answer ends (EOS) after this many tokens
+        # Restores owed by sequences whose prompt was entirely cached, paid in their
+        # first decode step (keyed by sequence).
+        self.deferred: dict[object, float] = {}
 
     def prefill(self, start: int, end: int, final: bool, key: bytes) -> SimLogits | None:
         """Computing the prompt tokens [start, end): the time it takes; for the prompt's
@@ -72,10 +74,6 @@ class SimForward:
         if logits is not None:
             nbytes += self.profile.logits_bytes
         return kv.BlockPayload((), nbytes, cast(Any, logits))
-
-    def restored(self, tier: Tier, tokens: int) -> None:
-        """Cached tokens read from `tier` into a prompt's caches."""
-        self.clock.spend(self.profile.restore_seconds(tier, tokens))
 
     def decode_step(self, contexts: list[int]) -> None:
         if contexts:

@@ -99,6 +99,21 @@ def test_time_spent_is_the_profiles(tiny: LoadedModel) -> None:
     assert engine.clock.spent_s - cold == pytest.approx(warm, rel=1e-6)
 
 
+def test_an_entirely_cached_prompt_restores_after_its_first_token(tiny: LoadedModel) -> None:
+    """As the real engine: the first token comes from the logits kept with the last
+    block; the KV is restored in the next decode step (never, if there is none)."""
+    prof = profile()
+    engine = sim(prof)
+    tokens = list(range(3, 3 + 3 * BLOCK))
+    run(engine, request(tokens, sampling=greedy(1)))
+    cold = engine.clock.spent_s
+    run(engine, request(tokens, sampling=greedy(1)))
+    assert engine.clock.spent_s == cold  # one token: nothing computed, nothing restored
+    run(engine, request(tokens, sampling=greedy(2)))
+    paid = prof.restore_seconds("ram", len(tokens)) + prof.decode_step_seconds(1, len(tokens) + 1)
+    assert engine.clock.spent_s - cold == pytest.approx(paid, rel=1e-6)
+
+
 def test_a_batch_decodes_at_the_batch_rate(tiny: LoadedModel) -> None:
     prof = profile()
     engine = sim(prof)
