@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -230,11 +231,18 @@ def run_replay(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         print(f"warmfleet sim replay: {exc}", file=sys.stderr)
         return 2
-    outcomes, skipped = asyncio.run(replay(header, records, options))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as out:
-            for outcome in outcomes:
-                out.write(json.dumps(outcome_row(outcome)) + "\n")
+    rows = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
+
+    def keep(outcome: Any) -> None:
+        if rows is not None:
+            rows.write(json.dumps(outcome_row(outcome)) + "\n")
+            rows.flush()
+
+    try:
+        outcomes, skipped = asyncio.run(replay(header, records, options, keep))
+    finally:
+        if rows is not None:
+            rows.close()
     result = summary(outcomes, skipped)
     print(json.dumps(result, indent=2))
     for event in result["node_events_not_applied"]:

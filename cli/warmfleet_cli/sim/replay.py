@@ -22,7 +22,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,10 +91,14 @@ async def check_fleet(header: dict[str, Any], options: ReplayOptions) -> None:
 
 
 async def replay(
-    header: dict[str, Any], records: Iterable[Record], options: ReplayOptions
+    header: dict[str, Any],
+    records: Iterable[Record],
+    options: ReplayOptions,
+    done: Callable[[Outcome], None] = lambda _: None,
 ) -> tuple[list[Outcome], list[Record]]:
     """Every session of the trace replayed; the outcomes in send order, and the node
-    events that were not applied."""
+    events that were not applied. `done` sees each outcome as its response ends (a long
+    run's rows are kept as they come)."""
     by_session: dict[str, list[Record]] = {}
     skipped: list[Record] = []
     for record in records:
@@ -112,7 +116,7 @@ async def replay(
     async with httpx.AsyncClient(base_url=options.url, limits=limits, timeout=timeout) as client:
         start = time.monotonic()
         await asyncio.gather(
-            *(_session(client, steps, bodies, options, start, outcomes) for steps in chosen)
+            *(_session(client, steps, bodies, options, start, outcomes, done) for steps in chosen)
         )
     outcomes.sort(key=lambda o: o.sent_s)
     return outcomes, skipped
@@ -125,6 +129,7 @@ async def _session(
     options: ReplayOptions,
     start: float,
     outcomes: list[Outcome],
+    done: Callable[[Outcome], None],
 ) -> None:
     builder = SessionBodies(bodies)
     reply: str | None = None
@@ -155,6 +160,7 @@ async def _session(
         outcome.ttft_s = None if outcome.ttft_s is None else outcome.ttft_s * scale
         outcome.duration_s = (time.monotonic() - sent) * scale
         ended = time.monotonic()
+        done(outcome)
         if outcome.error is not None:
             return  # a CLI whose request failed stops; its session ends here
 
