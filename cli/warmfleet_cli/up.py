@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
                 _say(f"simulated      {name} http://{args.host}:{port}-{port + count - 1}  "
                      f"(profile {args.profile})")  # fmt: skip
             else:
-                _say(f"daemon {name:<7} http://{args.host}:{port}  (model {args.model})")
+                _say(f"daemon node-{first:<4} http://{args.host}:{port}  (model {args.model})")
         children.append(
             Child(
                 "operator",
