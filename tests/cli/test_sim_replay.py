@@ -69,7 +69,7 @@ def test_sessions_replay_and_continue_from_the_cache(fleet: str, tmp_path: Path)
     done = subprocess.run(
         [
             sys.executable, "-m", "warmfleet_cli", "sim", "replay", str(path), "--url", fleet,
-            "--sessions", "3", "--out", str(rows),
+            "--sessions", "2", "--out", str(rows),
         ],
         capture_output=True,
         text=True,
@@ -77,7 +77,7 @@ def test_sessions_replay_and_continue_from_the_cache(fleet: str, tmp_path: Path)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["failed"] == 0 and result["sessions"] == 3
+    assert result["failed"] == 0 and result["sessions"] == 2
     outcomes = [json.loads(line) for line in rows.read_text().splitlines()]
     assert len(outcomes) == result["requests"] > 3
     later = [o for o in outcomes if o["turn"] > 0 and o["kind"] == "tool"]
