@@ -10,11 +10,14 @@ import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmfleet_common.heap import freeze_heap
 from warmfleet_common.logs import quiet_access_log, setup_logging
 from warmfleet_daemon.support.blas import ensure_fast_blas, log_blas
+
+if TYPE_CHECKING:
+    from warmfleet_daemon.settings import DaemonSettings
 
 log = logging.getLogger("warmfleet")
 
@@ -294,6 +297,9 @@ def serve(args: argparse.Namespace) -> int:
     if (args.nodes is not None or args.first_node is not None) and settings.engine != "sim":
         print("warmfleet serve: --nodes and --first-node only with --engine sim", file=sys.stderr)
         return 2
+    if args.nodes is not None and getattr(args, "register", None):
+        print("warmfleet serve: --register names one daemon, not --nodes", file=sys.stderr)
+        return 2
     if nodes < 1 or first < 1 or (nodes > 1 and settings.port == 0):
         print("warmfleet serve: --nodes N >= 1, --first-node I >= 1, a --port", file=sys.stderr)
         return 2
@@ -361,7 +367,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _serve_simulated_nodes(
-    settings: Any, nodes: int, first: int, listeners: list[socket.socket]
+    settings: DaemonSettings, nodes: int, first: int, listeners: list[socket.socket]
 ) -> int:
     from warmfleet_daemon.fleet_process import member_settings, serve_many
 

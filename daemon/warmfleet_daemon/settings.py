@@ -206,6 +206,10 @@ class DaemonSettings(BaseSettings):
             "snapshot_disk_mb": "--snapshot-disk-mb",
         }
         given = [flag for f, flag in unsupported.items() if f in self.model_fields_set]
+        if "cache_disk_mb" in self.model_fields_set and self.cache_disk_mb > 0:
+            given.append("--cache-disk-mb")
+        if "spill" in self.model_fields_set and self.spill != "off":
+            given.append(f"--spill {self.spill}")
         if self.model != "default" and "model" in self.model_fields_set:
             given.append("--model (the profile names the model)")
         if given:

@@ -14,7 +14,12 @@ from typing import Any
 
 import httpx
 
-from warmfleet_cli.bench_serve.serve import BenchError, _describe, _error_message
+from warmfleet_cli.bench_serve.serve import (
+    BenchError,
+    _describe,
+    _error_message,
+    delete_prefix_cache,
+)
 
 _POLL_S = 0.05
 WARM_NAMESPACE = "warmfleet-bench"
@@ -153,15 +158,7 @@ class Server:
 
     async def clear(self) -> str | None:
         """DELETE /v1/cache/prefix; None when cleared, else why it could not be."""
-        try:
-            response = await self.client.delete("/v1/cache/prefix", headers=self._auth)
-        except httpx.HTTPError as exc:
-            raise BenchError(f"DELETE /v1/cache/prefix failed: {_describe(exc)}") from exc
-        if response.status_code in (401, 403):
-            raise BenchError(
-                f"DELETE /v1/cache/prefix answered {response.status_code} "
-                f"({_error_message(response)}): pass the daemon's token with --admin-token-file"
-            )
+        response = await delete_prefix_cache(self.client, self._auth, self.timeout_s)
         if response.status_code >= 300:
             return f"DELETE /v1/cache/prefix answered {response.status_code}"
         return None

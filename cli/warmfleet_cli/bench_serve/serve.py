@@ -282,12 +282,13 @@ async def _probe(
     return ServerInfo(url, model, software, source)
 
 
-async def _clear_cache(
-    client: httpx.AsyncClient, options: BenchOptions, progress: Progress
-) -> None:
-    headers = {"Authorization": f"Bearer {options.admin_token}"} if options.admin_token else {}
+async def delete_prefix_cache(
+    client: httpx.AsyncClient, headers: dict[str, str], timeout: float = 60
+) -> httpx.Response:
+    """DELETE /v1/cache/prefix: its response; BenchError when it could not be sent or was
+    refused for want of the admin token."""
     try:
-        response = await client.delete("/v1/cache/prefix", headers=headers, timeout=60)
+        response = await client.delete("/v1/cache/prefix", headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         raise BenchError(f"DELETE /v1/cache/prefix failed: {_describe(exc)}") from exc
     if response.status_code in (401, 403):
@@ -295,6 +296,14 @@ async def _clear_cache(
             f"DELETE /v1/cache/prefix answered {response.status_code} "
             f"({_error_message(response)}): pass the daemon's token with --admin-token-file"
         )
+    return response
+
+
+async def _clear_cache(
+    client: httpx.AsyncClient, options: BenchOptions, progress: Progress
+) -> None:
+    headers = {"Authorization": f"Bearer {options.admin_token}"} if options.admin_token else {}
+    response = await delete_prefix_cache(client, headers)
     if response.status_code in (404, 405, 501):
         raise BenchError(
             f"the server has no DELETE /v1/cache/prefix (HTTP {response.status_code}): it "

@@ -221,7 +221,9 @@ def _read_usage(event: dict[str, Any], outcome: Outcome) -> None:
     )
     if not isinstance(usage, dict):
         return
-    if "input_tokens" in usage and event.get("type") != "message_delta":
+    # Later events override earlier ones: Messages' `message_start` carries an estimate
+    # (what RAM held before the prefill), its `message_delta` the exact figures.
+    if "input_tokens" in usage:
         cached = usage.get("cache_read_input_tokens")
         if cached is None:  # Responses
             cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)

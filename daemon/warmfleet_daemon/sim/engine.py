@@ -88,7 +88,9 @@ class SimEngine(Engine):
         profile, block = self.profile, self.config.block_size
         return TierCosts(
             prefill_us_per_token=profile.prefill_seconds(0, block) * 1e6 / block,
-            hit_us_per_token={t: 1e6 / rate for t, rate in profile.restore.items() if t == "ram"},
+            # RAM only (no other tier is simulated); a million tokens' seconds are one
+            # token's microseconds; free without a figure, as the simulated restore is.
+            hit_us_per_token={"ram": profile.restore_seconds("ram", 1_000_000)},
             kv_bytes_per_token=profile.kv_bytes_per_token,
         )
 

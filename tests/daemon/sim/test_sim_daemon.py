@@ -3,6 +3,8 @@ metrics) on a simulated forward pass, reached over HTTP with the official SDKs."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from support.processes import Daemon, serve_refusal, wait_warm
+from support.processes import Daemon, free_port, wait_warm
 from support.sim import write_profile
 
 TOKEN = "sim-admin-token"
@@ -100,16 +102,27 @@ def test_status_and_metrics_say_it_is_simulated(sim_daemon: Daemon) -> None:
         (["--engine", "sim"], "--engine sim needs --profile"),
         (["--profile", "x.json"], "--profile: only with --engine sim"),
         (["--engine", "sim", "--profile", "no-such-mac"], "no profile named 'no-such-mac'"),
+        (["--engine", "sim", "--profile", "PROFILE", "--kv-bits", "8"], "simulate --kv-bits"),
+        (["--engine", "sim", "--profile", "PROFILE", "--spill", "always"], "--spill always"),
+        (["--engine", "sim", "--profile", "PROFILE", "--cache-disk-mb", "64"], "--cache-disk-mb"),
         (
-            ["--engine", "sim", "--profile", "PROFILE", "--kv-bits", "8"],
-            "does not simulate --kv-bits",
+            ["--engine", "sim", "--profile", "PROFILE", "--model", "tiny-random"],
+            "--model (the profile names the model)",
         ),
+        (
+            ["--engine", "sim", "--profile", "PROFILE", "--nodes", "2", "--register", "mac"],
+            "--register names one daemon",
+        ),
+        (["--model", "tiny-random", "--nodes", "2"], "--nodes and --first-node only with"),
     ],
 )
 def test_bad_simulation_flags_stop_serve_at_start(
     args: list[str], says: str, tmp_path: Path
 ) -> None:
+    """Each refused alone (no other flag that would be refused too)."""
     profile = str(write_profile(tmp_path / "mac.json"))
-    done = serve_refusal(*[profile if a == "PROFILE" else a for a in args])
-    assert done.returncode != 0
-    assert says in done.stderr + done.stdout
+    cmd = [sys.executable, "-m", "warmfleet_cli", "serve", "--port", str(free_port())]
+    cmd += [profile if a == "PROFILE" else a for a in args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr, done.stderr

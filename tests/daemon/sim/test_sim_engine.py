@@ -117,12 +117,20 @@ def test_an_entirely_cached_prompt_restores_after_its_first_token(tiny: LoadedMo
 def test_a_batch_decodes_at_the_batch_rate(tiny: LoadedModel) -> None:
     prof = profile()
     engine = sim(prof)
+    steps: list[list[int]] = []  # each decode step's contexts
+    charge = engine.forward.decode_step
+
+    def recorded(contexts: list[int]) -> None:
+        steps.append(list(contexts))
+        charge(contexts)
+
+    engine.forward.decode_step = recorded  # type: ignore[method-assign]
     a, b = [list(range(3 + k, 3 + k + BLOCK)) for k in (0, 100)]
     run(engine, request(a, sampling=greedy(3)), request(b, sampling=greedy(3)))
-    # Both prefilled in the first step (a block's worth each is the step's budget: the
-    # second prompt waits one step), then decode steps of one or two sequences.
-    assert engine.decoder.steps >= 2
-    assert engine.clock.spent_s > prof.prefill_seconds(0, BLOCK) * 2
+    assert any(len(c) == 2 for c in steps)  # the two decoded side by side
+    prefill = 2 * prof.prefill_seconds(0, BLOCK)
+    decode = sum(prof.decode_step_seconds(len(c), sum(c) / len(c)) for c in steps)
+    assert engine.clock.spent_s == pytest.approx(prefill + decode, rel=1e-6)
 
 
 def test_answers_are_deterministic_and_end(tiny: LoadedModel) -> None:

@@ -54,14 +54,3 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def test_nodes_need_the_simulated_engine() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "warmfleet_cli", "serve", "--model", "tiny-random", "--nodes", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2
-    assert "--nodes and --first-node only with --engine sim" in done.stderr
