@@ -1,6 +1,7 @@
 """`warmfleet`: the daemon (`serve`), model conversion (`convert`), benchmarks against any
 OpenAI-compatible server (`bench-serve`, `bench-compare`), the prefix audit of a
-request log (`audit`) and agents' warm prompts (`warm-prompts capture`)."""
+request log (`audit`), agents' warm prompts (`warm-prompts capture`), and simulated
+fleets (`sim`) that say how many Macs a team needs (`plan`)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,13 @@ COMMANDS: dict[str, Command] = {
     ),
     "sim": Command(
         "warmfleet_cli.sim.cli",
-        "a simulated fleet's workloads: `trace` writes an agent-population trace",
+        "a simulated fleet: `trace` writes agents' sessions, `run` replays them on one",
+    ),
+    "plan": Command(
+        "warmfleet_cli.sim.cli",
+        "how many Macs for how many developers: simulated fleets of a profiled Mac",
+        "add_plan_arguments",
+        "run_plan",
     ),
     "warm-prompts": Command(
         "warmfleet_cli.warm_prompts.cli",

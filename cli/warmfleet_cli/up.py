@@ -11,17 +11,14 @@ stops each child exactly once (a second SIGINT would make uvicorn skip its shutd
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
+import ssl
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +26,16 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
+from warmfleet_cli.local_fleet import (
+    Child,
+    FleetOptions,
+    LocalFleet,
+    port_free,
+    spawn_quiet,
+)
 from warmfleet_common.contract import WarmPrompt
-from warmfleet_common.crd import API_VERSION, FLEET_LABEL, POOL_LABEL
+from warmfleet_common.crd import API_VERSION, FLEET_LABEL
 from warmfleet_router.policy import POLICIES
-
-TOKEN_SECRET = "warmfleet-daemon-token"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,6 +97,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "so a restart of the fleet comes back warm (default: nothing kept)",
     )
     p.add_argument(
+        "--tls",
+        action="store_true",
+        help="every hop over TLS: a throwaway CA in the fleet's folder (tls/ca.crt) signs one "
+        "certificate every component serves and presents (mTLS on the daemons' admin and "
+        "peer routes)",
+    )
+    p.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="client keys (`TENANT KEY` lines) for the router and every daemon: each tenant's "
+        "cache is its own",
+    )
+    p.add_argument("--quotas", metavar="FILE", help="the router's limits per tenant (YAML)")
+    p.add_argument(
         "--log-level",
         default="warning",
         help="of every component (default warning: the fleet says only what goes wrong, and "
@@ -105,39 +121,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="every component logs every request, the polls of one another too",
     )
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-
-
-def fleet_documents(nodes: int, host: str, first_port: int, token: str) -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": TOKEN_SECRET, "namespace": "default"},
-            "stringData": {"token": token},
-        }
-    ]
-    for i in range(nodes):
-        docs.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": "WarmNode",
-                "metadata": {
-                    "name": f"node-{i + 1}",
-                    "labels": {FLEET_LABEL: "local", POOL_LABEL: "agents"},
-                },
-                "spec": {
-                    "url": f"http://{host}:{first_port + i}",
-                    "adminTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"},
-                },
-            }
-        )
-    return docs
 
 
 def warm_documents(path: Path) -> list[dict[str, Any]]:
@@ -186,52 +169,45 @@ def warm_prompts_set(path: Path, document: Any) -> dict[str, Any]:
     }
 
 
-def port_free(host: str, port: int) -> bool:
-    """Nothing listens there (connections closing in TIME_WAIT do not count: the servers
-    bind with SO_REUSEADDR too)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-MAX_NODES = {"mlx": 64, "sim": 256}
+def options_of(args: argparse.Namespace) -> FleetOptions:
+    return FleetOptions(
+        nodes=args.nodes,
+        engine=args.engine,
+        model=args.model,
+        profile=args.profile,
+        sim_speed=args.sim_speed,
+        sim_per_process=args.sim_per_process,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        cache_memory_mb=args.cache_memory_mb,
+        block_size=args.block_size,
+        max_context=args.max_context,
+        max_output_tokens=args.max_output_tokens,
+        state_dir=args.state_dir,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        tls=args.tls,
+        api_keys_file=str(Path(args.api_keys_file).absolute()) if args.api_keys_file else None,
+        quotas_file=str(Path(args.quotas).absolute()) if args.quotas else None,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    limit = MAX_NODES[args.engine]
-    if not 1 <= args.nodes <= limit:
-        return _fail(f"--nodes must be between 1 and {limit} (--engine {args.engine})")
-    if args.engine == "sim" and not args.profile:
-        return _fail("--engine sim needs --profile NAME|FILE")
-    if args.engine == "sim" and args.model != "default":
-        return _fail("--engine sim: the profile names the model (leave --model out)")
-    if args.engine != "sim" and (args.profile or args.sim_speed is not None):
-        return _fail("--profile and --sim-speed only with --engine sim")
-    if args.sim_per_process < 1:
-        return _fail("--sim-per-process must be at least 1")
+    options = options_of(args)
+    problem = options.problem()
+    if problem:
+        return _fail(problem)
     ports = [args.port + i for i in range(args.nodes + 1)]
     busy = [p for p in ports if not port_free(args.host, p)]
     if busy:
         return _fail(f"port(s) {', '.join(map(str, busy))} on {args.host} are in use")
-    token = secrets.token_urlsafe(24)
     folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="warmfleet-up-"))
-    folder.mkdir(parents=True, exist_ok=True)
     try:
         warm = warm_documents(Path(args.warm)) if args.warm else []
     except (OSError, ValueError, yaml.YAMLError) as exc:
         return _fail(f"--warm {args.warm}: {exc}")
-    docs = fleet_documents(args.nodes, args.host, args.port + 1, token)
-    (folder / "fleet.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    (folder / "warm-sets.yaml").write_text(yaml.safe_dump_all(warm, sort_keys=False))
-    token_file = folder / "admin-token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-
-    children: list[Child] = []
+    fleet = LocalFleet(options, folder, secrets.token_urlsafe(24), warm, _say)
     stopping = False
 
     def on_signal(signum: int, _: object) -> None:
@@ -240,84 +216,29 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    me = [sys.executable, "-m", "warmfleet_cli"]
     try:
-        for first, count in _daemon_groups(args):
-            port = args.port + first
-            cmd = [
-                *me, "serve", "--host", args.host, "--port", str(port),
-                "--admin-token-file", str(token_file),
-            ]  # fmt: skip
-            if args.engine == "sim":
-                cmd += [
-                    "--engine", "sim", "--profile", args.profile, "--daemon-name", "node",
-                    "--nodes", str(count), "--first-node", str(first),
-                ]  # fmt: skip
-                if args.sim_speed is not None:
-                    cmd += ["--sim-speed", str(args.sim_speed)]
-            else:
-                cmd += ["--model", args.model, "--daemon-name", f"node-{first}"]
-            if args.cache_memory_mb is not None:
-                cmd += ["--cache-memory-mb", str(args.cache_memory_mb)]
-            if args.block_size is not None:
-                cmd += ["--block-size", str(args.block_size)]
-            if args.max_context is not None:
-                cmd += ["--max-context", str(args.max_context)]
-            if args.max_output_tokens is not None:
-                cmd += ["--max-output-tokens", str(args.max_output_tokens)]
-            if args.state_dir is not None:  # simulated daemons add node-I themselves
-                own = "" if args.engine == "sim" else f"node-{first}"
-                cmd += ["--state-dir", str(Path(args.state_dir) / own)]
-            cmd += ["--log-level", args.log_level] + (["--access-log"] if args.access_log else [])
-            last = first + count - 1
-            name = f"node-{first}" if count == 1 else f"node-{first}..{last}"
-            children.append(Child(name, _spawn(cmd)))
-            if args.engine == "sim":
-                _say(f"simulated      {name} http://{args.host}:{port}-{port + count - 1}  "
-                     f"(profile {args.profile})")  # fmt: skip
-            else:
-                _say(f"daemon node-{first:<4} http://{args.host}:{port}  (model {args.model})")
-        children.append(
-            Child(
-                "operator",
-                _spawn([*me, "operator", "--local", str(folder), "--resync-seconds", "5"]),
-            )
-        )
-        _say(f"operator       local mode on {folder} ({args.nodes} WarmNodes, "
-             f"{sum(d.get('kind') == 'WarmPromptSet' for d in warm)} WarmPromptSets)")  # fmt: skip
-        router = [
-            *me, "router", "--local", str(folder), "--admin-token-file", str(token_file),
-            "--host", args.host, "--port", str(args.port), "--policy", args.policy,
-            "--log-level", args.log_level, *(["--access-log"] if args.access_log else []),
-        ]  # fmt: skip
-        children.append(Child("router", _spawn(router)))
-        _say(f"router         http://{args.host}:{args.port}  (OpenAI API at /v1, "
-             f"GET /v1/router/status)")  # fmt: skip
+        fleet.start()
         if args.prometheus:
-            children.extend(_prometheus(args, folder))
+            fleet.children.extend(_prometheus(args, folder))
         ready_said = False
-        base = f"http://{args.host}:{args.port}"
         while not stopping:
-            dead = next((c for c in children if c.process.poll() is not None), None)
+            dead = fleet.dead()
             if dead is not None:
                 _say(f"{dead.name} exited with {dead.process.returncode}; stopping the fleet")
                 return 1
-            if not ready_said and _fleet_ready(base, args.nodes, token):
+            if not ready_said and fleet.ready():
                 ready_said = True
-                print(ready_block(base, args.nodes, _served_context(base)), flush=True)
+                base = fleet.router_url
+                context = _served_context(base, fleet.verify, _a_key(options.api_keys_file))
+                ca = str(fleet.certs.ca) if fleet.certs else None
+                keys = options.api_keys_file
+                print(ready_block(base, args.nodes, context, ca=ca, keys=keys), flush=True)
             time.sleep(0.2)
         return 0
     finally:
-        _stop(children)
+        fleet.stop()
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _daemon_groups(args: argparse.Namespace) -> list[tuple[int, int]]:
-    """(first node number, daemons) per process: one each, or for simulated daemons
-    --sim-per-process to a process."""
-    per = args.sim_per_process if args.engine == "sim" else 1
-    return [(first, min(per, args.nodes - first + 1)) for first in range(1, args.nodes + 1, per)]
 
 
 CLAUDE_CODE_MIN_COMPACT_WINDOW = 100_000  # Claude Code 2.1 reads a smaller window as this
@@ -342,59 +263,81 @@ def claude_code_compaction(context: int, max_output_tokens: int | None = None) -
     }
 
 
-def ready_block(base: str, nodes: int, context: int | None) -> str:
-    """What `up` prints once the fleet serves: how to point each coding agent at it."""
+def ready_block(
+    base: str, nodes: int, context: int | None, *, ca: str | None = None, keys: str | None = None
+) -> str:
+    """What `up` prints once the fleet serves: how to point each coding agent at it (with
+    `ca`, the CA its clients trust; with `keys`, a key of that file in place of `unused`)."""
     served = f", a {context:,}-token context" if context else ""
+    # With client keys, Codex and opencode read the key from WARMFLEET_API_KEY.
+    env_key = ', env_key="WARMFLEET_API_KEY"' if keys else ""
     codex_provider = (
         f'model_providers.warmfleet={{name="warmfleet", base_url="{base}/v1", '
-        'wire_api="responses"}'
+        f'wire_api="responses"{env_key}}}'
     )
+    opencode_options: dict[str, str] = {"baseURL": f"{base}/v1"}
+    if keys:
+        opencode_options["apiKey"] = "{env:WARMFLEET_API_KEY}"
     opencode = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
             "warmfleet": {
                 "npm": "@ai-sdk/openai-compatible",
-                "options": {"baseURL": f"{base}/v1"},
+                "options": opencode_options,
                 "models": {"default": {}},
             }
         },
     }
     compaction_settings = claude_code_compaction(context) if context else {}
     compaction = "".join(f"{name}={value} " for name, value in compaction_settings.items())
+    key = "KEY" if keys else "unused"  # a key from the keys file: not printed
     lines = [
         f"warmfleet up: ready: {nodes} daemon{'s' if nodes > 1 else ''} behind the router at "
         f"{base}{served} "
-        "(Ctrl-C stops everything)",
-        f"  OpenAI clients  OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused, model default",
-        f"  Claude Code     ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=unused "
+        "(Ctrl-C stops everything)" + (f"; KEY: one of {keys}" if keys else ""),
+        f"  OpenAI clients  OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY={key}, model default",
+        f"  Claude Code     ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={key} "
         "ANTHROPIC_MODEL=default ANTHROPIC_SMALL_FAST_MODEL=default "
         f"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 {compaction}claude",
-        f"  Codex           codex -c model_provider=warmfleet -c '{codex_provider}' -m default",
-        f"  Qwen Code       OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY=unused OPENAI_MODEL=default "
+        f"  Codex           {'WARMFLEET_API_KEY=KEY ' if keys else ''}codex -c "
+        f"model_provider=warmfleet -c '{codex_provider}' -m default",
+        f"  Qwen Code       OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY={key} OPENAI_MODEL=default "
         f"QWEN_CODE_API_TIMEOUT_MS={QWEN_CODE_TIMEOUT_MS} qwen --auth-type openai",
         f"  opencode        opencode.json: {json.dumps(opencode, separators=(',', ':'))}",
-        "                  then: opencode run -m warmfleet/default PROMPT",
+        f"                  then: {'WARMFLEET_API_KEY=KEY ' if keys else ''}opencode run -m "
+        "warmfleet/default PROMPT",
     ]
+    if ca is not None:
+        lines.append(
+            f"  TLS             the fleet's CA is {ca}: SSL_CERT_FILE={ca} (Python clients, "
+            f"curl --cacert {ca}), NODE_EXTRA_CA_CERTS={ca} (Node.js agents: Claude Code, "
+            "opencode, Qwen Code)"
+        )
     return "\n".join(lines)
 
 
-def _served_context(base: str) -> int | None:
+def _served_context(
+    base: str, verify: ssl.SSLContext | bool = True, key: str | None = None
+) -> int | None:
     """The context the router's backends serve (their `max_model_len`), if they say."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        models = httpx.get(f"{base}/v1/models", timeout=2).json()["data"]
+        answer = httpx.get(f"{base}/v1/models", timeout=2, verify=verify, headers=headers)
+        models = answer.json()["data"]
         return int(models[0]["max_model_len"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
 
 
-def _fleet_ready(base: str, nodes: int, token: str) -> bool:
-    try:
-        auth = {"Authorization": f"Bearer {token}"}  # the detail is the admin's
-        body = httpx.get(f"{base}/v1/router/status", headers=auth, timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return False
-    ready = [b for b in body.get("backends", []) if b.get("health") == "ready"]
-    return len(ready) == nodes
+def _a_key(path: str | None) -> str | None:
+    """A raw key of the keys file (to read the served context with), if it holds one."""
+    if not path:
+        return None
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.lstrip().startswith("#") and ":" not in parts[1]:
+            return parts[1]
+    return None
 
 
 def _prometheus(args: argparse.Namespace, folder: Path) -> list[Child]:
@@ -415,34 +358,7 @@ def _prometheus(args: argparse.Namespace, folder: Path) -> list[Child]:
         f"--web.listen-address={args.host}:{args.prometheus_port}",
     ]
     _say(f"prometheus     http://{args.host}:{args.prometheus_port}  (scraping {len(targets)})")
-    return [Child("prometheus", _spawn(cmd, quiet=True))]
-
-
-def _spawn(cmd: list[str], quiet: bool = False) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        cmd,
-        start_new_session=True,  # Ctrl-C reaches `up` only; it stops each child once
-        stdout=subprocess.DEVNULL if quiet else None,
-        stderr=subprocess.DEVNULL if quiet else None,
-    )
-
-
-def _stop(children: list[Child], timeout: float = 20.0) -> None:
-    # The router first (no new requests), then the operator, then the daemons.
-    for child in reversed(children):
-        if child.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + timeout
-    for child in reversed(children):
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _say(f"{child.name} did not stop in {timeout:.0f}s; killing it")
-            child.process.kill()
-            child.process.wait()
-    if children:
-        _say("stopped")
+    return [Child("prometheus", spawn_quiet(cmd))]
 
 
 def _say(line: str) -> None:

@@ -11,6 +11,14 @@ from typing import Any
 import anyio
 import httpx
 
+# How long a server (daemon, router) keeps an idle keep-alive connection, and how long
+# warmfleet's own clients reuse one. A client that reuses a connection the server is
+# closing gets a reset on a request it cannot retry: servers wait longer than the
+# clients agents use (httpx and the OpenAI SDK 5 s, Node's undici 4 s, aiohttp 15 s),
+# as nginx's 75 s does, and warmfleet's clients give up first.
+SERVER_KEEP_ALIVE_S = 75
+CLIENT_KEEP_ALIVE_S = 4.0
+
 
 class TooLarge(ValueError):
     """The other side sent more than the limit."""

@@ -18,6 +18,7 @@ from warmfleet_common.agent_apis.anthropic import MessagesPrefix
 from warmfleet_common.agent_apis.chat import ChatOptions, ChatPrompt
 from warmfleet_common.agent_apis.responses import ResponsesPrefix
 from warmfleet_common.agent_apis.shapes import SHAPES, ApiName
+from warmfleet_common.client_keys import TENANT_PATTERN
 from warmfleet_common.grants import GRANT_PATTERN
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -211,6 +212,24 @@ class WarmSetSpec(BaseModel):
         "before anything is prefilled; not part of the content, so changing it re-warms "
         "nothing",
     )
+    tenants: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="the tenants this set is warm for, each in its own cache namespace "
+        "(their requests hit it, no other tenant's can); none: fleet-wide, shared by every "
+        "tenant (agents' system prompts)",
+    )
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, tenants: list[str] | None) -> list[str] | None:
+        bad = [t for t in tenants or [] if not re.fullmatch(TENANT_PATTERN, t)]
+        if bad:
+            raise ValueError(f"tenants must match {TENANT_PATTERN}; not: {', '.join(bad)}")
+        if tenants is not None and len(set(tenants)) != len(tenants):
+            raise ValueError("tenants must be unique")
+        return tenants
 
     @field_validator("peers")
     @classmethod
@@ -257,6 +276,7 @@ class WarmPromptStatus(BaseModel):
     # Hex keys of the prefix's cache blocks, in order: what a router counts as held by
     # every daemon where the prompt is warm and pinned.
     blocks: list[str] = Field(default_factory=list)
+    tenant: str | None = None  # the tenant it is warm for (None: every tenant, shared)
 
 
 class WarmSetStatus(BaseModel):
@@ -268,6 +288,7 @@ class WarmSetStatus(BaseModel):
     content_hash: str
     concurrency: int
     pin: bool
+    tenants: list[str] | None = None  # None: fleet-wide (its blocks shared by every tenant)
     prompts: list[WarmPromptStatus]
     warm: int
     total: int

@@ -26,17 +26,34 @@ class Folder:
     errors: list[str] = field(default_factory=list)
 
 
+# libyaml's loader where PyYAML has it: a hundred WarmNodes parse ten times faster.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_folder(directory: Path) -> Folder:
     folder = Folder()
     for path in sorted(directory.glob("*.y*ml")):
         try:
-            documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+            documents = [d for d in yaml.load_all(path.read_text(), Loader=_LOADER) if d]
         except (OSError, yaml.YAMLError) as exc:
             folder.errors.append(f"{path.name}: {exc}")
             continue
         for doc in documents:
             _add(folder, doc, path)
     return folder
+
+
+def folder_stamp(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a file of the folder does (names, sizes, modification times):
+    a poller reads the folder again only then."""
+    stamps = []
+    for path in sorted(directory.glob("*.y*ml")):
+        try:
+            info = path.stat()
+        except OSError:  # gone meanwhile
+            continue
+        stamps.append((path.name, info.st_size, info.st_mtime_ns))
+    return tuple(stamps)
 
 
 def _add(folder: Folder, doc: Any, path: Path) -> None:

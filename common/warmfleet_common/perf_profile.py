@@ -112,6 +112,28 @@ class PerfProfile(BaseModel):
         return tokens / rate if rate else 0.0
 
 
+def pooled(profile: PerfProfile, machines: int) -> PerfProfile:
+    """`machines` of `profile` as one: their memory in one cache, their prefill rates
+    summed, a batch `machines` times wider decoded in one machine's step time (the
+    ideal a fleet's cache is measured against: no request ever on the wrong machine)."""
+    if machines < 1:
+        raise ValueError("machines must be >= 1")
+    return profile.model_copy(
+        update={
+            "name": f"{profile.name}-x{machines}",
+            "machine": f"{machines} x {profile.machine}, pooled",
+            "memory_budget_bytes": profile.memory_budget_bytes * machines,
+            "prefill": tuple(
+                RatePoint(at=p.at, tokens_per_s=p.tokens_per_s * machines) for p in profile.prefill
+            ),
+            "decode": tuple(
+                RatePoint(at=p.at * machines, tokens_per_s=p.tokens_per_s) for p in profile.decode
+            ),
+            "notes": f"pooled from {profile.name}: {machines} machines as one. {profile.notes}",
+        }
+    )
+
+
 def _interpolate(points: Sequence[RatePoint], at: float) -> float:
     ats = [p.at for p in points]
     i = bisect_right(ats, at)

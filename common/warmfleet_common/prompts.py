@@ -81,6 +81,8 @@ class RenderedPrompt:
     # Where the reply's content starts: the next turn's assistant message starts there
     # (a cut of both, so the next turn reuses this whole prompt but the reply's header).
     reply_start: int = 0
+    # The cache namespace its blocks are keyed in (`tenancy.cache_salt`; b"": shared).
+    salt: bytes = b""
 
     @property
     def content_start(self) -> int:
@@ -138,24 +140,30 @@ class PromptBuilder:
         tokens = self._encode(text, add_special_tokens=False)
         if max_tokens is not None and len(tokens) >= max_tokens:
             raise PromptTooLong(len(tokens))  # before any cut is looked for
-        starts = [0] * len(messages)
-        packed = array("q", tokens).tobytes()  # the tokenizer's ids; each cut hashes a prefix
-        for index in _cut_candidates(len(messages)):
+        candidates = _cut_candidates(len(messages))
+        roles = {i: messages[i].get("role") for i in candidates}
+        if add_generation_prompt:
+            roles[len(messages)] = "assistant"  # where the reply starts
+        keys = _head_keys(messages, roles, tools, kwargs)
+        found: dict[int, tuple[int, bytes]] = {}
+        for index in candidates:
             if cancelled is not None and cancelled():
                 raise PromptCancelled("the client went away")
-            found = self._content_start(messages, index, tools, kwargs)
-            if found is None:
-                continue
-            cut, head_digest = found
-            # Skip if the template renders this message differently once more follow.
-            if 0 < cut < len(tokens) and _digest_packed(packed, cut) == head_digest:
-                starts[index] = cut
-        reply = 0
+            start = self._content_start(messages, index, tools, kwargs, keys[index])
+            if start is not None and 0 < start[0] < len(tokens):
+                found[index] = start
         if add_generation_prompt:
             reply_turn = [*messages, {"role": "assistant", "content": ""}]
-            found = self._content_start(reply_turn, len(messages), tools, kwargs)
-            if found is not None and 0 < found[0] < len(tokens):
-                reply = found[0] if _digest_packed(packed, found[0]) == found[1] else 0
+            index = len(messages)
+            start = self._content_start(reply_turn, index, tools, kwargs, keys[index])
+            if start is not None and 0 < start[0] < len(tokens):
+                found[index] = start
+        # The prompt's own head at each cut, hashed in one pass over its tokens; a cut is
+        # kept only if the template renders what precedes it the same once more follows.
+        heads = _prefix_digests(array("q", tokens).tobytes(), [c for c, _ in found.values()])
+        kept = {i: cut for i, (cut, digest) in found.items() if heads[cut] == digest}
+        starts = [kept.get(i, 0) for i in range(len(messages))]
+        reply = kept.get(len(messages), 0)
         cuts = tuple(sorted({c for c in [*starts, reply] if c}))
         return RenderedPrompt(tuple(tokens), cuts, text, tuple(starts[added:]), reply)
 
@@ -310,7 +318,7 @@ class PromptBuilder:
             messages = [_with_thinking(m) for m in messages]
         # Keys sorted: a tool list read back from Kubernetes (a WarmPromptSet: the API
         # server sorts object keys) renders exactly as the client's own order does.
-        tools = [_sorted_keys(t) for t in tools] if tools else tools
+        tools = _keys_sorted(tools) if tools else tools
         if not tools or self.template_handles_tools:
             return messages, tools
         block = _TOOLS_PREAMBLE + "\n".join(json.dumps(t) for t in tools) + _TOOLS_POSTAMBLE
@@ -325,16 +333,15 @@ class PromptBuilder:
         index: int,
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any],
+        key: bytes | None = None,
     ) -> tuple[int, bytes] | None:
         """Tokens before messages[index]'s content that no content can change, and their
-        digest; None when the template gives no stable cut there. Memoized: system
-        prompts repeat."""
+        digest; None when the template gives no stable cut there. Memoized (`key`:
+        `_head_keys`'): system prompts repeat."""
         head = list(messages[:index])
         role = messages[index].get("role")
-        key = hashlib.blake2b(
-            json.dumps([head, role, tools, template_kwargs], sort_keys=True, default=str).encode(),
-            digest_size=16,
-        ).digest()
+        if key is None:
+            key = _head_keys(messages, {index: role}, tools, template_kwargs)[index]
         with self._memo_lock:
             if key in self._content_starts:
                 self._content_starts.move_to_end(key)
@@ -400,6 +407,49 @@ def _with_thinking(message: Message) -> Message:
     return out
 
 
+def _keys_sorted(tools: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """`tools` with every object's keys sorted: through json's C encoder and decoder (a
+    walk in Python took 5 ms per request for Claude Code's tool list)."""
+    try:
+        return list(json.loads(json.dumps(list(tools), sort_keys=True)))
+    except (TypeError, ValueError):  # not plain JSON (a caller's own objects)
+        return [_sorted_keys(t) for t in tools]
+
+
+def _head_keys(
+    messages: Sequence[Message],
+    wanted: Mapping[int, Any],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any],
+) -> dict[int, bytes]:
+    """The content-start memo key of each wanted index (with the role its message has
+    there): a digest of the messages before it, that role, the tools and the template's
+    arguments. Each message is serialized once, however many candidates follow it."""
+    running = hashlib.blake2b(digest_size=16)
+    running.update(json.dumps([tools, template_kwargs], sort_keys=True, default=str).encode())
+    keys: dict[int, bytes] = {}
+    for i in range(max(wanted, default=-1) + 1):
+        if i in wanted:
+            key = running.copy()
+            key.update(b"\x00" + json.dumps(wanted[i], default=str).encode())
+            keys[i] = key.digest()
+        if i < len(messages):  # NUL and SOH never occur raw in JSON: unambiguous
+            running.update(b"\x01" + json.dumps(messages[i], sort_keys=True, default=str).encode())
+    return keys
+
+
+def _prefix_digests(packed: bytes, counts: Sequence[int]) -> dict[int, bytes]:
+    """_digest(tokens[:count]) for each count, from `array("q", tokens).tobytes()`: one
+    pass, each digest a copy of the running hash (not one hash per prefix)."""
+    running = hashlib.blake2b(digest_size=16)
+    view, done, out = memoryview(packed), 0, {}
+    for count in sorted(set(counts)):
+        running.update(view[8 * done : 8 * count])
+        done = count
+        out[count] = running.copy().digest()
+    return out
+
+
 def _sorted_keys(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _sorted_keys(value[k]) for k in sorted(value)}
@@ -429,11 +479,6 @@ def _check_unicode(text: str) -> None:
 
 def _digest(tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(_packed(tokens), digest_size=16).digest()
-
-
-def _digest_packed(packed: bytes, count: int) -> bytes:
-    """_digest(tokens[:count]) from `array("q", tokens).tobytes()`, packed once."""
-    return hashlib.blake2b(memoryview(packed)[: 8 * count], digest_size=16).digest()
 
 
 def _packed(tokens: Sequence[int]) -> bytes:

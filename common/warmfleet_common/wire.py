@@ -194,6 +194,18 @@ class WarmSetCounts(_Wire):
     failed: Tokens = 0
 
 
+class StatusSim(_Wire):
+    """A simulated daemon's time (`--engine sim`), in the profiled Mac's seconds: what its
+    engine charged, and how late its busy steps ran beyond that because the machine
+    running the simulation could not keep up. Every time the daemon reports is inflated
+    by up to `behind_share`."""
+
+    speed: float = Field(gt=0, description="--sim-speed")
+    spent_s: float = Field(ge=0, description="simulated seconds charged")
+    behind_s: float = Field(ge=0, description="simulated seconds run late beyond the charge")
+    behind_share: float = Field(ge=0, description="behind_s / spent_s (0 before any)")
+
+
 class DaemonStatus(_Wire):
     """`GET /v1/status`. Without the admin token (when the daemon has one) `warm_sets`
     and `kv_transfer` are absent: warm sets are `warm_set_counts` only."""
@@ -222,6 +234,7 @@ class DaemonStatus(_Wire):
     kv_transfer: dict[str, Any] | None = None
     warm_set_counts: WarmSetCounts | None = None
     diagnostics: dict[str, Any] | None = None
+    sim: StatusSim | None = Field(None, description="a simulated daemon's time; null on others")
 
 
 # -- POST /v1/cache/pull (admin) ------------------------------------------------------
@@ -260,3 +273,10 @@ class CachePullResult(_Wire):
     copied_bytes: Tokens
     seconds: float
     complete: bool  # every block of the chain is held now
+
+
+# A chat or completion stream the router forwards ends, when its client did not ask for
+# usage, with the usage as an SSE comment (clients skip comments): the router counts a
+# tenant's tokens from it. The router asks for it with this header.
+STREAM_USAGE_HEADER = "x-warmfleet-stream-usage"
+STREAM_USAGE_COMMENT = b": warmfleet-usage "

@@ -90,6 +90,12 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         metavar="I",
         help="with --nodes: the first daemon's number I (default 1)",
     )
+    p.add_argument(
+        "--node-control",
+        choices=["stdin"],
+        help="with --nodes: read `kill I`, `stop I` (drain) and `start I` a line on stdin, "
+        "to lose and restart single nodes (warmfleet sim run's node events)",
+    )
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--cache-memory-mb", type=int, help="prefix-cache budget; 0 disables it")
@@ -215,6 +221,37 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         help="bearer token for the admin routes (or WARMFLEET_ADMIN_TOKEN)",
     )
     p.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="client API keys, one `TENANT KEY` a line (KEY as it is, or sha256:HEX): every "
+        "inference route then needs one (Authorization: Bearer, or x-api-key on Anthropic's "
+        "routes); each tenant's cache blocks are its own; read again when the file changes",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (cert-manager's tls.crt; read again when it "
+        "changes); also presented to peers that ask for a client certificate",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="its key (tls.key)")
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="verify peers' certificates with this CA bundle (ca.crt; default: the system's)",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require a client certificate signed by this CA on the admin, warm-set and peer "
+        "routes (mTLS), besides their token or grant",
+    )
+    p.add_argument(
+        "--tls-client-cert",
+        metavar="FILE",
+        help="the certificate presented to peers that ask for one (default: --tls-cert)",
+    )
+    p.add_argument("--tls-client-key", metavar="FILE", help="its key (default: --tls-key)")
+    p.add_argument(
         "--public-url",
         action="append",
         metavar="URL",
@@ -242,7 +279,11 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if v is not None and k in DaemonSettings.model_fields and k != "log_level"
     }
     token = args.admin_token_file or os.environ.get("WARMFLEET_ADMIN_TOKEN", "").strip()
-    if getattr(args, "register", None) and getattr(args, "advertise_url", None) and token:
+    many = getattr(args, "nodes", None) is not None  # each names itself: fleet_process
+    if many and getattr(args, "register", None) and "daemon_name" not in overrides:
+        overrides["daemon_name"] = args.register  # PREFIX-I: daemon and WarmNode alike
+    advertised = getattr(args, "register", None) and getattr(args, "advertise_url", None)
+    if advertised and token and not many:
         # the operator names this daemon by its WarmNode's URL in the grants it issues
         overrides["public_url"] = [*overrides.get("public_url", []), args.advertise_url]
     return overrides
@@ -254,6 +295,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
+    from warmfleet_common.bounded import SERVER_KEEP_ALIVE_S
+    from warmfleet_common.client_keys import KeysFile
+    from warmfleet_common.tls import install_https
     from warmfleet_daemon.api.app import create_app
     from warmfleet_daemon.kvtransfer.snapshots import check_directory as check_snapshot_directory
     from warmfleet_daemon.models.loader import on_gpu
@@ -276,6 +320,11 @@ def serve(args: argparse.Namespace) -> int:
         elif os.environ.get("WARMFLEET_ADMIN_TOKEN", "x").strip() == "":
             raise ValueError("WARMFLEET_ADMIN_TOKEN is empty: the admin routes would be open")
         settings = DaemonSettings(**overrides, log_level=args.log_level)
+        tls_problem = settings.tls().problem()
+        if tls_problem:
+            raise ValueError(tls_problem)
+        if settings.api_keys_file:
+            KeysFile(settings.api_keys_file)  # a bad file stops `serve` now, naming the line
         if settings.warm_prompts:
             read_warm_prompts_file(settings.warm_prompts)  # fail now, not after loading
         if settings.state_dir:  # fail now, not as a daemon that never gets ready
@@ -285,6 +334,13 @@ def serve(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"warmfleet serve: {exc}", file=sys.stderr)
         return 2
+    say_if_open(settings)
+    if not settings.tls_cert and not settings.binds_loopback():
+        log.warning(
+            "serving plain HTTP on %s: prompts, keys and the admin token cross the network in "
+            "clear (--tls-cert and --tls-key serve HTTPS)",
+            settings.host,
+        )
     if not settings.admin_token and not settings.binds_loopback():
         print(
             f"warmfleet serve: refusing to listen on {settings.host} without an admin token: "
@@ -297,8 +353,8 @@ def serve(args: argparse.Namespace) -> int:
     if (args.nodes is not None or args.first_node is not None) and settings.engine != "sim":
         print("warmfleet serve: --nodes and --first-node only with --engine sim", file=sys.stderr)
         return 2
-    if args.nodes is not None and getattr(args, "register", None):
-        print("warmfleet serve: --register names one daemon, not --nodes", file=sys.stderr)
+    if getattr(args, "node_control", None) is not None and args.nodes is None:
+        print("warmfleet serve: --node-control only with --nodes", file=sys.stderr)
         return 2
     if nodes < 1 or first < 1 or (nodes > 1 and settings.port == 0):
         print("warmfleet serve: --nodes N >= 1, --first-node I >= 1, a --port", file=sys.stderr)
@@ -322,7 +378,8 @@ def serve(args: argparse.Namespace) -> int:
                 taken.close()
             return 3
     if args.nodes is not None:
-        return _serve_simulated_nodes(settings, nodes, first, listeners)
+        control = getattr(args, "node_control", None) == "stdin"
+        return _serve_simulated_nodes(args, settings, nodes, first, listeners, control)
     listener = listeners[0]
     failure = register_if_asked(args, settings)  # --register NAME: this node's WarmNode
     if failure:
@@ -331,7 +388,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     log_blas(ensure_fast_blas(), on_gpu=on_gpu())
     port = listener.getsockname()[1]  # --port 0: the one the system chose
-    base = f"http://{settings.host}:{port}"
+    base = f"{'https' if settings.tls_cert else 'http'}://{settings.host}:{port}"
     log.info(
         "warmfleet daemon on %s; loading model %r in the background (GET %s/readyz)",
         base,
@@ -358,7 +415,10 @@ def serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
     )
+    if settings.tls_cert:
+        install_https(config, settings.tls())
     quiet_access_log(show_polls=settings.access_log)  # after uvicorn configured logging
     server = DrainingServer(config, app.state.daemon, settings.drain_seconds)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
@@ -366,12 +426,37 @@ def serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 3  # uvicorn's exit code when it could not start
 
 
+def say_if_open(settings: DaemonSettings) -> None:
+    """Once at start: without a keys file, anyone who reaches the daemon may use it (a
+    warning beyond loopback)."""
+    if not settings.api_keys_file:
+        log.log(
+            logging.INFO if settings.binds_loopback() else logging.WARNING,
+            "no --api-keys-file: the inference routes of %s:%s are open to anyone who can "
+            "reach them, and every client shares one prefix cache",
+            settings.host,
+            settings.port,
+        )
+
+
 def _serve_simulated_nodes(
-    settings: DaemonSettings, nodes: int, first: int, listeners: list[socket.socket]
+    args: argparse.Namespace,
+    settings: DaemonSettings,
+    nodes: int,
+    first: int,
+    listeners: list[socket.socket],
+    control: bool,
 ) -> int:
     from warmfleet_daemon.fleet_process import member_settings, serve_many
+    from warmfleet_daemon.node.cli import register_members_if_asked
 
     members = member_settings(settings, nodes, first, settings.port)
+    failure = register_members_if_asked(args, members)  # --register PREFIX: PREFIX-I each
+    if failure:
+        print(f"warmfleet serve: {failure}", file=sys.stderr)
+        for listener in listeners:
+            listener.close()
+        return 2
     log.info(
         "%d simulated daemons (profile %s, %gx) on http://%s:%d-%d, named %s to %s",
         nodes,
@@ -384,7 +469,7 @@ def _serve_simulated_nodes(
         members[-1].daemon_name,
     )
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    return 0 if serve_many(members, listeners) else 3
+    return 0 if serve_many(members, listeners, first, control) else 3
 
 
 def convert(args: argparse.Namespace) -> int:

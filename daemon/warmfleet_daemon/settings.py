@@ -11,6 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from warmfleet_common.perf_profile import builtin_profiles, load_profile
+from warmfleet_common.tls import TlsOptions
 
 MiB = 1 << 20
 
@@ -130,6 +131,29 @@ class DaemonSettings(BaseSettings):
     admin_token: str | None = Field(
         None, description="bearer token for the admin routes (warm sets, cache)", repr=False
     )
+    api_keys_file: str | None = Field(
+        None,
+        description="client API keys, one `TENANT KEY` a line (KEY as it is or sha256:HEX), "
+        "read again when the file changes: every inference route then needs one",
+    )
+    tls_cert: str | None = Field(
+        None,
+        description="serve HTTPS with this certificate (cert-manager's tls.crt; read again "
+        "when it changes); also presented to peers that ask for a client certificate",
+    )
+    tls_key: str | None = Field(None, description="its key (tls.key)")
+    tls_ca: str | None = Field(
+        None, description="verify peers' certificates with this CA bundle (ca.crt)"
+    )
+    tls_client_ca: str | None = Field(
+        None,
+        description="require a client certificate signed by this CA on the admin, warm-set "
+        "and peer routes (mTLS), besides their token or grant",
+    )
+    tls_client_cert: str | None = Field(
+        None, description="the certificate presented to peers (default: tls_cert)"
+    )
+    tls_client_key: str | None = Field(None, description="its key (default: tls_key)")
     public_url: list[str] = Field(
         default_factory=list,
         description="URLs this daemon is reached at through a proxy that rewrites Host or "
@@ -198,18 +222,8 @@ class DaemonSettings(BaseSettings):
             names = ", ".join(builtin_profiles())
             raise ValueError(f"--engine sim needs --profile NAME|FILE (built-in: {names})")
         load_profile(self.profile)  # a bad profile stops `serve` at start
-        # Not simulated (yet): said at start rather than accepted and ignored.
-        unsupported = {
-            "kv_bits": "--kv-bits",
-            "cache_dir": "--cache-dir",
-            "warm_from": "--warm-from",
-            "snapshot_disk_mb": "--snapshot-disk-mb",
-        }
-        given = [flag for f, flag in unsupported.items() if f in self.model_fields_set]
-        if "cache_disk_mb" in self.model_fields_set and self.cache_disk_mb > 0:
-            given.append("--cache-disk-mb")
-        if "spill" in self.model_fields_set and self.spill != "off":
-            given.append(f"--spill {self.spill}")
+        # Not simulated: said at start rather than accepted and ignored.
+        given = ["--kv-bits"] if "kv_bits" in self.model_fields_set else []
         if self.model != "default" and "model" in self.model_fields_set:
             given.append("--model (the profile names the model)")
         if given:
@@ -256,6 +270,16 @@ class DaemonSettings(BaseSettings):
     def cache_budget_bytes(self) -> int:
         mb = self.cache_memory_mb if self.cache_memory_mb is not None else default_cache_budget_mb()
         return mb * MiB
+
+    def tls(self) -> TlsOptions:
+        return TlsOptions(
+            self.tls_cert,
+            self.tls_key,
+            self.tls_ca,
+            self.tls_client_ca,
+            self.tls_client_cert,
+            self.tls_client_key,
+        )
 
     def binds_loopback(self) -> bool:
         return self.host in ("127.0.0.1", "::1", "localhost") or self.host.startswith("127.")

@@ -9,6 +9,10 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from warmfleet_common.tls import TlsOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,17 +44,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5.0,
         help="WarmNode probe period when settled (0.5 s while warming or unreachable)",
     )
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="verify the daemons' certificates with this CA bundle (ca.crt; default: the "
+        "system's CAs, for https WarmNode URLs)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="a client certificate presented to daemons that ask for one (mTLS; read again "
+        "when it changes)",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="its key")
     p.add_argument("--verbose", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
+    from warmfleet_common.tls import TlsOptions
+
+    tls = TlsOptions(args.tls_cert, args.tls_key, args.tls_ca)
+    problem = tls.problem()
+    if problem:
+        print(f"warmfleet operator: {problem}")
+        return 2
     if args.local:
         logging.basicConfig(
             level=logging.DEBUG if args.verbose else logging.INFO,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         _quiet_http_client()
-        return _run_local(Path(args.local), args)
+        return _run_local(Path(args.local), args, tls)
     import kopf
 
     import warmfleet_operator.handlers  # noqa: F401  (registers the handlers)
@@ -63,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         operator_namespace=args.operator_namespace
         or os.environ.get("WARMFLEET_OPERATOR_NAMESPACE")
         or None,
+        tls=tls,
     )
 
     kopf.configure(verbose=args.verbose)  # kopf's own log format, one handler
@@ -83,7 +108,8 @@ def _quiet_http_client() -> None:
     logging.getLogger("httpcore").setLevel(logging.INFO)
 
 
-def _run_local(directory: Path, args: argparse.Namespace) -> int:
+def _run_local(directory: Path, args: argparse.Namespace, tls: TlsOptions) -> int:
+    from warmfleet_common.tls import client_verify
     from warmfleet_operator.local import run_local
 
     if not directory.is_dir():
@@ -104,6 +130,7 @@ def _run_local(directory: Path, args: argparse.Namespace) -> int:
             status_file=status_file,
             once=args.once,
             stop=stop,
+            verify=client_verify(tls),
         )
 
     asyncio.run(main())

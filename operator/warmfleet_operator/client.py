@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -61,12 +62,15 @@ class DaemonClient:
         backoff: float = 0.25,
         max_concurrency: int = 16,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.tokens = tokens
         self.attempts = attempts
         self.backoff = backoff
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 3.0)), transport=transport
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 3.0)),
+            transport=transport,
+            verify=verify,
         )
         self._slots = asyncio.Semaphore(max_concurrency)
         self.calls = 0  # HTTP requests made (the scale benchmark counts them)

@@ -3,7 +3,9 @@ command line, handed to the handlers in kopf's memo."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from warmfleet_common.tls import TlsOptions
 
 
 @dataclass(frozen=True)
@@ -14,6 +16,8 @@ class OperatorConfig:
     # Where Secrets referenced without a namespace are read; None: the namespace the
     # operator logged in with (the pod's, or the kubeconfig context's).
     operator_namespace: str | None = None
+    # The daemons' certificates verified with `ca`; `cert` presented where they ask (mTLS).
+    tls: TlsOptions = field(default_factory=TlsOptions)
 
     @property
     def fast_probe_seconds(self) -> float:

@@ -14,6 +14,7 @@ import kopf
 
 from warmfleet_common.crd import GROUP, VERSION, Node, SetKey
 from warmfleet_common.kube import KubeClient
+from warmfleet_common.tls import client_verify
 from warmfleet_operator.client import DaemonClient
 from warmfleet_operator.coalesce import Coalesced
 from warmfleet_operator.config import OperatorConfig
@@ -48,7 +49,7 @@ async def startup(
     # The command line's settings; the defaults when kopf was started without them.
     config = memo.config = getattr(memo, "config", None) or OperatorConfig()
     memo.kube = KubeClient(default_namespace=config.operator_namespace)
-    memo.daemons = DaemonClient(memo.kube)
+    memo.daemons = DaemonClient(memo.kube, verify=client_verify(config.tls))
     # Passes read what settled nodes hold from their recent probes (kept current by our
     # pushes); the prober flags any change it sees, so the snapshot may be a few periods
     # old, which a busy operator's probes can be, without asking every node again.

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -87,10 +88,12 @@ async def run_local(
     status_file: Path | None = None,
     once: bool = False,
     stop: asyncio.Event | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> dict[str, Any]:
-    """Reconcile the folder until `stop` (or once). Returns the last statuses."""
+    """Reconcile the folder until `stop` (or once). Returns the last statuses. `verify`:
+    what the daemons' certificates are verified with (`tls.client_verify`)."""
     tokens = FolderTokens()
-    daemons = DaemonClient(tokens)
+    daemons = DaemonClient(tokens, verify=verify)
     service = Service(daemons, snapshot_max_age=resync)  # each pass probes first
     statuses: dict[str, Any] = {"warmNodes": {}, "warmPromptSets": {}}
     previous_sets: set[SetKey] = set()

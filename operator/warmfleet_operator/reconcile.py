@@ -110,6 +110,8 @@ def resolve(
         "concurrency": spec.get("concurrency", 2),
         "pin": spec.get("pin", True),
     }
+    if spec.get("tenants"):  # scoped to these tenants' caches; none: fleet-wide, shared
+        body["tenants"] = list(spec["tenants"])
     size = _set_chars(prompts)
     if size > MAX_SET_CHARS:
         raise InvalidSpec(

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,14 +27,18 @@ from starlette.types import Message, Receive, Scope, Send
 
 from warmfleet_common import __version__, bounded
 from warmfleet_common.agent_apis.shapes import ApiName
+from warmfleet_common.client_keys import KeysFile, check_key
 from warmfleet_common.errors import AnthropicErrorResponse, ErrorResponse
 from warmfleet_common.heap import freeze_heap
+from warmfleet_common.tls import peer_verified
+from warmfleet_router.backend import Backend
 from warmfleet_router.discovery import Source
-from warmfleet_router.errors import error_body, error_response
+from warmfleet_router.errors import error_body, error_response, throttled
 from warmfleet_router.fleet import Fleet
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
 from warmfleet_router.proxy import forward
+from warmfleet_router.quotas import OPEN
 from warmfleet_router.routes import BODIES, ROUTES, ProxiedRoute
 from warmfleet_router.status import status_detail, status_summary
 
@@ -61,8 +66,9 @@ def _proxied_answers(route: ProxiedRoute) -> dict[int, dict[str, Any]]:
         }
     }
     # The backends' own (400 invalid, 404 unknown model, 413, 499 client gone, 503 not
-    # ready) and the router's (502 every backend failed, 504 request timeout).
-    for code in (400, 404, 413, 499, 502, 503, 504):
+    # ready) and the router's (401 no client key, 429 over a quota, 502 every backend
+    # failed, 504 request timeout).
+    for code in (400, 401, 404, 413, 429, 499, 502, 503, 504):
         answers[code] = {"description": "An error, in the API's shape", "content": error}
     return answers
 
@@ -111,15 +117,25 @@ class RouterApp(FastAPI):
             await answer(scope, receive, send)
 
 
-def create_app(source: Source, options: RouterOptions) -> FastAPI:
+def create_app(
+    source: Source, options: RouterOptions, tls_client: ssl.SSLContext | None = None
+) -> FastAPI:
+    """The router's app; `tls_client` verifies the daemons it calls (and presents the
+    router's certificate to those that ask), else the system's CAs."""
     holder: dict[str, Fleet] = {}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        limits = httpx.Limits(
+            max_connections=1000,
+            max_keepalive_connections=100,
+            keepalive_expiry=bounded.CLIENT_KEEP_ALIVE_S,
+        )
         # httpx's API over aiohttp's connection pool and C parser: httpcore's pool looked
         # at every connection on every request (bench/router_overhead.py, PERFORMANCE.md).
-        transport = AiohttpTransport(limits=limits)
+        transport = AiohttpTransport(
+            limits=limits, verify=tls_client if tls_client is not None else True
+        )
         async with httpx.AsyncClient(transport=transport, timeout=30.0) as client:
             metrics = RouterMetrics()
             fleet = Fleet(options, client, metrics)
@@ -152,11 +168,31 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         lifespan=lifespan,
     )
     app.proxied = {}
+    keys = KeysFile(options.api_keys_file) if options.api_keys_file else None
 
     def fleet() -> Fleet:
         return holder["fleet"]
 
+    def refusal(request: Request, shape: ApiName) -> tuple[str | None, Response | None]:
+        """The request's tenant (None: an open router), or its 401 in `shape`."""
+        if keys is None:
+            return None, None
+        checked = check_key(keys.current(), request.headers, anthropic=shape == "anthropic")
+        if isinstance(checked, str):
+            return checked, None
+        challenge = {"www-authenticate": "Bearer"}
+        return None, error_response(
+            401, checked.message, checked.code, "authentication_error", None, challenge, shape=shape
+        )
+
     async def proxied(request: Request, route: ProxiedRoute) -> Response:
+        tenant, refused = refusal(request, route.api)
+        if refused is not None:  # before the body is read: no key, no work
+            return refused
+        over = fleet().quotas.check(tenant or OPEN)
+        if over is not None:  # and a tenant over its quota costs little more
+            fleet().metrics.throttled(over.tenant, over.limit)
+            return throttled(over, route.api)
         too_large = error_response(
             413, f"the body exceeds {MAX_REQUEST_BYTES} bytes", "request_too_large",
             "invalid_request_error", shape=route.api,
@@ -174,7 +210,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         parts.clear()  # one copy of a large body, not two
         # The client may leave before the response begins (during a long prefill): then
         # the backend request is cancelled (its connection closed) and leaves in-flight.
-        work = asyncio.ensure_future(forward(fleet(), route, raw, dict(request.headers)))
+        work = asyncio.ensure_future(forward(fleet(), route, raw, dict(request.headers), tenant))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -217,16 +253,24 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
     for route in ROUTES:
         add_proxied(route)
 
-    @app.get("/v1/models")
-    async def models() -> JSONResponse:
+    @app.get("/v1/models", responses=_errors(401))
+    async def models(request: Request) -> Response:
         """The union of the ready backends' models."""
+        _, refused = refusal(request, "chat")
+        if refused is not None:
+            return refused
         current = fleet()
         seen: dict[str, dict[str, Any]] = {}
 
-        async def one(url: str) -> list[dict[str, Any]]:
+        async def one(backend: Backend) -> list[dict[str, Any]]:
+            url = backend.url
             try:
                 answer = await bounded.get(
-                    current.client, f"{url}/v1/models", limit=MODELS_BYTES, deadline=5.0
+                    current.client,
+                    f"{url}/v1/models",
+                    limit=MODELS_BYTES,
+                    deadline=5.0,
+                    headers=backend.admin_headers(),
                 )
                 body = json.loads(answer.content) if answer.status == 200 else {}
                 data = body.get("data") if isinstance(body, dict) else None
@@ -234,7 +278,7 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
                 return []
             return [m for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
-        for found in await asyncio.gather(*(one(b.url) for b in current.members.usable())):
+        for found in await asyncio.gather(*(one(b) for b in current.members.usable())):
             for m in found:
                 seen.setdefault(m["id"], m)
         return JSONResponse({"object": "list", "data": list(seen.values())})
@@ -270,6 +314,11 @@ def create_app(source: Source, options: RouterOptions) -> FastAPI:
         header = request.headers.get("authorization")
         if token and header is None:
             return JSONResponse(status_summary(fleet()))
+        if options.tls.client_ca and not peer_verified(request.scope):
+            return error_response(
+                403, "the detail needs a client certificate signed by the router's "
+                "--tls-client-ca", "client_certificate_required", "permission_error",
+            )  # fmt: skip
         if token:
             scheme, _, given = (header or "").partition(" ")
             if scheme.lower() != "bearer" or not given:

@@ -44,6 +44,9 @@ class Backend:
     costs: TierCosts | None = None
     resyncs: int = 0
     warm_sets: list[dict[str, Any]] = field(default_factory=list)
+    # Its longest pinned fleet-wide warm prompt, in tokens: how far into a salted request
+    # the router keeps unsalted keys (`keys.Salt`).
+    shared_tokens: int = 0
     requests: int = 0
     failures: int = 0
     last_error: str = ""

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+import ssl
 from pathlib import Path
 
 from warmfleet_router.policy import DEFAULT_EPSILON, POLICIES
@@ -31,6 +32,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "asked of callers of /v1/router/status's detail; also WARMFLEET_ADMIN_TOKEN. "
         "WarmNodes naming a Secret use theirs",
     )
+    p.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="client API keys, one `TENANT KEY` a line (KEY as it is, or sha256:HEX): every "
+        "inference route then needs one (Authorization: Bearer, or x-api-key on Anthropic's "
+        "routes), and each tenant's cache blocks, sessions and quotas are its own; read "
+        "again when the file changes",
+    )
+    p.add_argument(
+        "--quotas",
+        metavar="FILE",
+        help="limits per tenant (YAML: `default:` and `tenants: {NAME: ...}`, each with "
+        "requests_per_minute, prompt_tokens_per_minute, generated_tokens_per_minute, "
+        "concurrent_requests): over one, a 429 with Retry-After; read again when it changes",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (cert-manager's tls.crt; read again when it "
+        "changes); also presented to daemons that ask for a client certificate",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="its key (tls.key)")
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="verify the daemons' certificates with this CA bundle (ca.crt; default: the "
+        "system's CAs, for https backends)",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require a client certificate signed by this CA for the status's detail (mTLS)",
+    )
+    p.add_argument(
+        "--tls-client-cert",
+        metavar="FILE",
+        help="the certificate presented to daemons that ask for one (default: --tls-cert)",
+    )
+    p.add_argument("--tls-client-key", metavar="FILE", help="its key (default: --tls-key)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", choices=POLICIES, default="prefix")
@@ -99,9 +139,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from warmfleet_common.bounded import SERVER_KEEP_ALIVE_S
+    from warmfleet_common.client_keys import KeysFile, KeysFileError
+    from warmfleet_common.tls import (
+        TlsOptions,
+        client_verify,
+        install_https,
+        listens_beyond_loopback,
+    )
+    from warmfleet_common.watched import WatchedFile
     from warmfleet_router.app import create_app
     from warmfleet_router.discovery import ClusterSource, FolderSource, Source, StaticSource
     from warmfleet_router.options import ProxyOptions, RouterOptions
+    from warmfleet_router.quotas import parse_quotas
     from warmfleet_router.sessions import DEFAULT_SOURCES, SessionKeys
     from warmfleet_router.sync import SyncOptions
 
@@ -138,6 +188,45 @@ def run(args: argparse.Namespace) -> int:
         if not token:  # as `warmfleet serve` refuses it: an empty token protects nothing
             print(f"warmfleet router: --admin-token-file {args.admin_token_file} is empty")
             return 2
+    if args.api_keys_file:
+        try:
+            KeysFile(args.api_keys_file)
+        except (OSError, UnicodeDecodeError, KeysFileError) as exc:
+            print(f"warmfleet router: --api-keys-file: {exc}")
+            return 2
+    tls = TlsOptions(
+        args.tls_cert,
+        args.tls_key,
+        args.tls_ca,
+        args.tls_client_ca,
+        args.tls_client_cert,
+        args.tls_client_key,
+    )
+    problem = tls.problem()
+    if problem:
+        print(f"warmfleet router: {problem}")
+        return 2
+    if not tls.serves and listens_beyond_loopback(args.host):
+        logging.getLogger("warmfleet_router").warning(
+            "serving plain HTTP on %s: prompts and keys cross the network in clear "
+            "(--tls-cert and --tls-key serve HTTPS)",
+            args.host,
+        )
+    if args.quotas:
+        try:
+            WatchedFile(args.quotas, parse_quotas, "quotas")
+        except (OSError, ValueError) as exc:
+            print(f"warmfleet router: --quotas {args.quotas}: {exc}")
+            return 2
+    if not args.api_keys_file:
+        loopback = args.host in ("localhost", "::1") or args.host.startswith("127.")
+        logging.getLogger("warmfleet_router").log(
+            logging.INFO if loopback else logging.WARNING,
+            "no --api-keys-file: the inference routes of %s:%d are open to anyone who can "
+            "reach them, and every client shares one prefix cache",
+            args.host,
+            args.port,
+        )
     try:
         source: Source
         if args.backend:
@@ -159,13 +248,22 @@ def run(args: argparse.Namespace) -> int:
         sessions_budget_bytes=args.sessions_mb << 20,
         key_workers=args.key_workers,
         admin_token=token,
+        api_keys_file=args.api_keys_file,
+        quotas_file=args.quotas,
+        tls=tls,
         handoff_sessions=args.handoff_sessions,
         handoff_seconds=args.handoff_seconds,
         freeze_gc_heap=True,
     )
-    app = create_app(source, options)
+    verify = client_verify(tls)  # its client certificate reloaded as it rotates
+    tls_client = verify if isinstance(verify, ssl.SSLContext) else None
+    app = create_app(source, options, tls_client)
     logging.getLogger("warmfleet_router").info(
-        "listening on http://%s:%d (policy %s)", args.host, args.port, args.policy
+        "listening on %s://%s:%d (policy %s)",
+        "https" if tls.serves else "http",
+        args.host,
+        args.port,
+        args.policy,
     )
     config = uvicorn.Config(
         app,
@@ -173,11 +271,17 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level.lower(),
         access_log=args.access_log,
+        # Idle keep-alive connections over TLS wait for their client's close_notify (30 s
+        # in asyncio) before they count as closed: a stop does not wait for them that long.
+        timeout_graceful_shutdown=5,
         # uvloop and httptools: a third of the router's CPU per request was asyncio's loop
         # and h11's parser (bench/router_overhead.py).
         loop="uvloop" if _importable("uvloop") else "asyncio",
         http="httptools" if _importable("httptools") else "h11",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
     )
+    if tls.serves:
+        install_https(config, tls)
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught
         server.run()

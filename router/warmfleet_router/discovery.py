@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from warmfleet_common.crd import WARMNODES, Node
-from warmfleet_common.folder import read_folder
+from warmfleet_common.folder import folder_stamp, read_folder
 from warmfleet_common.kube import (
     KubeClient,
     LoginError,
@@ -94,7 +94,12 @@ class FolderSource:
     async def changes(self) -> AsyncIterator[list[BackendSpec]]:
         last: list[Any] | None = None
         logged: str | None = None
+        stamp: tuple[tuple[str, int, int], ...] | None = None
         while True:
+            if folder_stamp(self.directory) == stamp:  # nothing changed: nothing to parse
+                await asyncio.sleep(self.interval)
+                continue
+            stamp = folder_stamp(self.directory)
             try:
                 specs = await self.specs()
             except Exception as exc:  # a half-written or bad file: keep what we have

@@ -14,6 +14,7 @@ from warmfleet_common.agent_apis.shapes import ApiName
 from warmfleet_common.errors import anthropic_error_body, anthropic_type, openai_error_body
 from warmfleet_router.policy import ModelNotFound, NoBackendReady, RoutingError
 from warmfleet_router.prepare import Invalid
+from warmfleet_router.quotas import Throttled
 
 # kind -> (status, code, type, param)
 _ROUTING: dict[type[RoutingError], tuple[int, str, str, str | None]] = {
@@ -49,6 +50,19 @@ def error_response(
 ) -> JSONResponse:
     body = error_body(message, code, type_, param, shape=shape, status=status)
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def throttled(refused: Throttled, shape: ApiName) -> JSONResponse:
+    """A 429 with Retry-After, in the route's API (Claude Code and Codex retry on it)."""
+    return error_response(
+        429,
+        refused.message,
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        None,
+        {"retry-after": str(refused.retry_after)},
+        shape=shape,
+    )
 
 
 def stream_error(message: str, code: str, shape: ApiName) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import httpx
 
+from warmfleet_common.watched import WatchedFile
 from warmfleet_router.drain import DrainHandoffs
 from warmfleet_router.handoff import HotSessions
 from warmfleet_router.index import BlockIndex
@@ -15,6 +16,7 @@ from warmfleet_router.membership import Membership
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
 from warmfleet_router.planning import Planner
+from warmfleet_router.quotas import QuotaConfig, Quotas, parse_quotas
 from warmfleet_router.sessions import SessionDigest
 from warmfleet_router.workers import KeyingPool
 
@@ -39,6 +41,13 @@ class Fleet:
             options, client, metrics, self.members, self.planner, hot, digest
         )
         self.members.departures = self.drain  # a backend leaving hands its sessions off
+        limits = (
+            WatchedFile(options.quotas_file, parse_quotas, "quotas").current
+            if options.quotas_file
+            else QuotaConfig
+        )
+        self.quotas = Quotas(limits)
+        metrics.observe_tenants(self.quotas.in_flight)
         metrics.observe(lambda: list(self.members.backends.values()), self.index.size)
 
     async def close(self) -> None:

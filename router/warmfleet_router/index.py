@@ -70,6 +70,8 @@ class BlockIndex:
         self._precise: dict[str, dict[BlockKey, int]] = {}  # backend -> key -> bits above
         self._history: dict[str, OrderedDict[BlockKey, None]] = {}
         self._pinned: dict[str, frozenset[BlockKey]] = {}  # warm, pinned prompts' blocks
+        # Pinned fleet-wide warm prompts' blocks: what a backend shares with every tenant.
+        self._shared: dict[str, frozenset[BlockKey]] = {}
         self._flights: dict[str, list[Flight]] = {}  # requests in prefill, per backend
         self._history_blocks = history_blocks
         self.budget_bytes = budget_bytes
@@ -130,6 +132,16 @@ class BlockIndex:
         self._pinned[backend] = frozenset(keys)
         self._keep_budget()
 
+    def set_shared(self, backend: str, keys: Iterable[BlockKey]) -> None:
+        """The blocks this backend shares with every tenant (replaces)."""
+        self._shared[backend] = frozenset(keys)
+        self._keep_budget()
+
+    def on(self, backend: str, blocks: RequestBlocks) -> RequestBlocks:
+        """A request's blocks as `backend` keys them (a salted request: the run it shares
+        with every tenant there keeps its unsalted keys)."""
+        return blocks.on(self._shared.get(backend, frozenset())) if blocks.unsalted else blocks
+
     # -- the budget ---------------------------------------------------------------
 
     def entries(self) -> int:
@@ -137,6 +149,7 @@ class BlockIndex:
             sum(len(d) for d in self._precise.values())
             + sum(len(d) for d in self._history.values())
             + sum(len(p) for p in self._pinned.values())
+            + sum(len(s) for s in self._shared.values())
         )
 
     def estimated_bytes(self) -> int:
@@ -203,6 +216,7 @@ class BlockIndex:
         self._history.pop(backend, None)
         if not keep_pinned:
             self._pinned.pop(backend, None)
+            self._shared.pop(backend, None)
 
     def predict(self, backend: str, blocks: RequestBlocks) -> int:
         """Prompt tokens this backend would serve from its cache."""

@@ -7,18 +7,32 @@ the daemon's own `PromptBuilder` and plans chunks with its chunk planner, so a k
 is the key of the block the daemon stores. Backends that serve no layout (any other
 OpenAI server) get message-level keys instead: one chained block per message, sized in
 characters / 4; only the router's own routing history knows those.
+
+A salted request (a tenant's, or one with its own `cache_salt`: `tenancy.cache_salt`)
+is keyed in the salt's namespace, as the daemons key it; its leading blocks' unsalted
+keys are kept too (up to `shared_tokens`), and `RequestBlocks.on` picks, for one
+backend, the run of them that backend shares with every tenant (its pinned fleet-wide
+warm prompts), as its engine does (`chunking`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from warmfleet_common.cache_layout import CacheLayout
-from warmfleet_common.chunking import BlockKey, chain_key, plan_chunks, root_key
+from warmfleet_common.chunking import (
+    BlockKey,
+    chain_key,
+    plan_chunks,
+    root_key,
+    salted_root,
+    shared_run,
+    unsalted_keys,
+)
 from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
 from warmfleet_router.tokenizing import FastLayoutTokenizer
 
@@ -32,10 +46,19 @@ class RequestBlocks:
     keys: tuple[BlockKey, ...]
     ends: tuple[int, ...]
     tokens: int  # prompt tokens
+    # A salted request's leading blocks' unsalted keys (see the module's docstring).
+    unsalted: tuple[BlockKey, ...] = ()
 
     @property
     def last_key(self) -> BlockKey | None:
         return self.keys[-1] if self.keys else None
+
+    def on(self, shared: Container[BlockKey]) -> RequestBlocks:
+        """The keys a backend sharing `shared` (its fleet-wide warm blocks) uses."""
+        run = shared_run(self.unsalted, shared)
+        if not run:
+            return replace(self, unsalted=()) if self.unsalted else self
+        return RequestBlocks((*run, *self.keys[len(run) :]), self.ends, self.tokens)
 
 
 EMPTY = RequestBlocks((), (), 0)
@@ -61,6 +84,18 @@ class TextPrompt:
 Prompt = ChatPrompt | TextPrompt
 
 
+@dataclass(frozen=True)
+class Salt:
+    """The namespace a request's blocks are keyed in (`tenancy.cache_salt`), and how far
+    into the prompt its unsalted keys are kept (the longest fleet-wide warm prompt)."""
+
+    salt: bytes = b""
+    shared_tokens: int = 0
+
+
+UNSALTED = Salt()
+
+
 class Keyer(Protocol):
     fingerprint: str
 
@@ -69,18 +104,19 @@ class Keyer(Protocol):
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
+        salt: Salt = UNSALTED,
     ) -> RequestBlocks: ...
 
-    def completion(self, prompt: str | Sequence[int]) -> RequestBlocks: ...
+    def completion(self, prompt: str | Sequence[int], salt: Salt = UNSALTED) -> RequestBlocks: ...
 
 
-def prompt_blocks(keyer: Keyer, prompt: Prompt) -> RequestBlocks:
+def prompt_blocks(keyer: Keyer, prompt: Prompt, salt: Salt = UNSALTED) -> RequestBlocks:
     """The blocks of a prompt; EMPTY when it cannot be rendered (the daemon will answer
     the request with its own 400)."""
     try:
         if isinstance(prompt, ChatPrompt):
-            return keyer.chat(prompt.messages, prompt.tools, prompt.template_kwargs)
-        return keyer.completion(prompt.prompt)
+            return keyer.chat(prompt.messages, prompt.tools, prompt.template_kwargs, salt)
+        return keyer.completion(prompt.prompt, salt)
     except (KeyError, TypeError, ValueError, PromptError):
         return EMPTY
 
@@ -102,18 +138,29 @@ class LayoutKeyer:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
+        salt: Salt = UNSALTED,
     ) -> RequestBlocks:
-        return self._blocks(self._prompts.chat(messages, tools, template_kwargs=template_kwargs))
+        rendered = self._prompts.chat(messages, tools, template_kwargs=template_kwargs)
+        return self._blocks(rendered, salt)
 
-    def completion(self, prompt: str | Sequence[int]) -> RequestBlocks:
-        return self._blocks(self._prompts.completion(prompt))
+    def completion(self, prompt: str | Sequence[int], salt: Salt = UNSALTED) -> RequestBlocks:
+        return self._blocks(self._prompts.completion(prompt), salt)
 
-    def _blocks(self, prompt: RenderedPrompt) -> RequestBlocks:
-        chunks = plan_chunks(
-            prompt.tokens, block_size=self._block_size, cuts=prompt.cuts, root=self._root
+    def _blocks(self, prompt: RenderedPrompt, salt: Salt) -> RequestBlocks:
+        tokens, cuts, size = prompt.tokens, prompt.cuts, self._block_size
+        chunks = plan_chunks(tokens, block_size=size, cuts=cuts, root=self._root, salt=salt.salt)
+        unsalted = (
+            unsalted_keys(
+                tokens, block_size=size, cuts=cuts, root=self._root, up_to=salt.shared_tokens
+            )
+            if salt.salt
+            else []
         )
         return RequestBlocks(
-            tuple(c.key for c in chunks), tuple(c.end for c in chunks), len(prompt.tokens)
+            tuple(c.key for c in chunks),
+            tuple(c.end for c in chunks),
+            len(prompt.tokens),
+            tuple(unsalted),
         )
 
 
@@ -130,10 +177,11 @@ class MessageKeyer:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
+        salt: Salt = UNSALTED,
     ) -> RequestBlocks:
         keys: list[BlockKey] = []
         ends: list[int] = []
-        parent, end = self._root, 0
+        parent, end = salted_root(self._root, salt.salt), 0
         head: Any = list(tools or [])
         if template_kwargs:  # the thinking switch renders another prompt
             head = [head, dict(template_kwargs)]
@@ -147,9 +195,9 @@ class MessageKeyer:
             ends.append(end)
         return RequestBlocks(tuple(keys), tuple(ends), end)
 
-    def completion(self, prompt: str | Sequence[int]) -> RequestBlocks:
+    def completion(self, prompt: str | Sequence[int], salt: Salt = UNSALTED) -> RequestBlocks:
         text = prompt if isinstance(prompt, str) else json.dumps(list(prompt))
-        key = _text_key(self._root, text)
+        key = _text_key(salted_root(self._root, salt.salt), text)
         return RequestBlocks((key,), (max(1, len(text) // 4),), max(1, len(text) // 4))
 
 

@@ -13,8 +13,11 @@ is the daemon's scheduling), `history` (guesses for backends without events),
 one of `warmfleet_common.tiers.TIERS`; served tiers as a warmfleet daemon's usage says
 them);
 in-flight requests, health and index size as gauges; failovers and index resyncs as
-counters; time to first byte as seen by the router. Exported names: dots become
-underscores, counters get `_total`.
+counters; time to first byte as seen by the router. Per tenant (`warmfleet.tenant`, the
+keys file's names, `-` for an open router's clients; past MAX_TENANT_LABELS, `other`):
+requests by outcome (ok, throttled, other), tokens in, cached and out, refusals by the
+limit they hit, requests in flight. Exported names: dots become underscores, counters
+get `_total`.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from warmfleet_common import otel
 from warmfleet_common.tiers import TIERS, TierTokens
 from warmfleet_router.backend import Backend
+from warmfleet_router.quotas import LIMITS
+from warmfleet_router.routes import Usage
 
 TTFB_BUCKETS = otel.LATENCY_BUCKETS
 # A decision is parsing and keying the body, then scoring every backend: milliseconds.
 DECISION_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25)
 HEALTH = ("ready", "unready", "draining", "down", "unknown")
+MAX_TENANT_LABELS = 256  # tenants named on the metrics; the rest are `other`
 
 
 class RouterMetrics(otel.Metrics):
@@ -130,6 +136,27 @@ class RouterMetrics(otel.Metrics):
             "parsed and keyed (in a key worker), every backend scored",
             explicit_bucket_boundaries_advisory=DECISION_BUCKETS,
         )
+        self._tenant_requests = counter(
+            "warmfleet.router.tenant.requests", "{request}",
+            "Requests per tenant (warmfleet.tenant) by outcome: ok, throttled (a 429), other",
+        )  # fmt: skip
+        self._tenant_tokens = counter(
+            "warmfleet.router.tenant.tokens", "{token}",
+            "Tokens per tenant by gen_ai.token.type: input (prompt), cached (of the input, "
+            "served from a prefix cache), output (generated), as the backends' usage says",
+        )  # fmt: skip
+        self._throttled = counter(
+            "warmfleet.router.tenant.throttled", "{request}",
+            "Requests refused with a 429 per tenant, by the limit hit (warmfleet.quota.limit)",
+        )  # fmt: skip
+        self._tenant_labels: set[str] = set()
+        self._tenants_in_flight: Callable[[], dict[str, int]] = dict
+        meter.create_observable_gauge(
+            "warmfleet.router.tenant.in_flight",
+            [self._observe_tenants],
+            unit="{request}",
+            description="Requests in flight per tenant",
+        )
         self._backends: Callable[[], Iterable[Backend]] = list
         self._index_size: Callable[[str], int] = lambda _: 0
         meter.create_observable_gauge(
@@ -155,6 +182,43 @@ class RouterMetrics(otel.Metrics):
     ) -> None:
         """Where the gauges read the fleet from."""
         self._backends, self._index_size = backends, index_size
+
+    def observe_tenants(self, in_flight: Callable[[], dict[str, int]]) -> None:
+        self._tenants_in_flight = in_flight
+
+    def _tenant(self, tenant: str) -> dict[str, str]:
+        """The tenant's label, bounded: the first MAX_TENANT_LABELS are named."""
+        if tenant not in self._tenant_labels:
+            if len(self._tenant_labels) >= MAX_TENANT_LABELS:
+                return {"warmfleet.tenant": "other"}
+            self._tenant_labels.add(tenant)
+            for limit in LIMITS:  # a rate of 0, not no data
+                self._throttled.add(0, {"warmfleet.tenant": tenant, "warmfleet.quota.limit": limit})
+        return {"warmfleet.tenant": tenant}
+
+    def _observe_tenants(self, _: CallbackOptions) -> Iterable[Observation]:
+        summed: dict[str, int] = {}
+        for tenant, count in self._tenants_in_flight().items():
+            label = self._tenant(tenant)["warmfleet.tenant"]
+            summed[label] = summed.get(label, 0) + count
+        return [Observation(n, {"warmfleet.tenant": t}) for t, n in summed.items()]
+
+    def throttled(self, tenant: str, limit: str) -> None:
+        label = self._tenant(tenant)
+        self._throttled.add(1, {**label, "warmfleet.quota.limit": limit})
+        self._tenant_requests.add(1, {**label, "warmfleet.outcome": "throttled"})
+
+    def tenant_request(self, tenant: str, outcome: str, usage: Usage | None) -> None:
+        label = self._tenant(tenant)
+        self._tenant_requests.add(1, {**label, "warmfleet.outcome": outcome})
+        if usage is None:
+            return
+        self._tenant_tokens.add(usage.prompt_tokens, {**label, "gen_ai.token.type": "input"})
+        self._tenant_tokens.add(usage.cached_tokens, {**label, "gen_ai.token.type": "cached"})
+        if usage.completion_tokens is not None:
+            self._tenant_tokens.add(
+                usage.completion_tokens, {**label, "gen_ai.token.type": "output"}
+            )
 
     def _observe_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(b.in_flight, labels(b)) for b in self._backends()]

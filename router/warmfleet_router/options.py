@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from warmfleet_common.tls import TlsOptions
 from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
 from warmfleet_router.policy import DEFAULT_EPSILON, PolicyName
 from warmfleet_router.sessions import DEFAULT_BUDGET_BYTES as DEFAULT_SESSIONS_BUDGET
@@ -32,6 +33,11 @@ class RouterOptions:
     key_workers: int = 0  # processes that prepare requests; 0: threads of this one
     # The daemons' admin token, also asked of callers of the status's detail.
     admin_token: str | None = field(default=None, repr=False)
+    # Client keys (`TENANT KEY` lines): each inference route then needs one.
+    api_keys_file: str | None = None
+    quotas_file: str | None = None  # per-tenant limits (`quotas`), read again when changed
+    # HTTPS served, the daemons' certificates verified, mTLS on the status's detail.
+    tls: TlsOptions = field(default_factory=TlsOptions)
     # A draining backend's hottest sessions copied to where they go next: how many, and
     # the time the whole handoff may take (then the rest prefill when they come back).
     handoff_sessions: int = 16

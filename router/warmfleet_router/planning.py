@@ -46,6 +46,7 @@ class Plan:
     # in the same key space): where the request's blocks are, whoever serves it.
     holders: dict[str, int] = field(default_factory=dict)
     peers: dict[str, str] = field(default_factory=dict)  # per backend tried: its spill peer
+    usage: Usage | None = None  # the answering backend's, once the response has ended
 
 
 class Planner:
@@ -73,9 +74,16 @@ class Planner:
         self._turn += 1
         return self._turn
 
-    async def plan(self, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]) -> Plan:
+    async def plan(
+        self,
+        route: ProxiedRoute,
+        raw: bytes,
+        headers: Mapping[str, str],
+        tenant: str | None = None,
+    ) -> Plan:
         """The decision for one request: a RoutingError when no ready backend serves it,
-        RequestInvalid when the daemons would refuse it (and the router cannot key it)."""
+        RequestInvalid when the daemons would refuse it (and the router cannot key it).
+        A tenant's request is keyed with its salt and its session is its own."""
         arrived = time.monotonic()
         members = self.members
         ready = members.usable()
@@ -88,6 +96,8 @@ class Planner:
             tuple(fingerprints),
             self.session_keys.body_paths,
             max(contexts) if ready and len(contexts) == len(ready) else None,
+            tenant,
+            max((b.shared_tokens for b in ready), default=0),
         )
         prepared = await members.pool.prepare(job)
         if isinstance(prepared, Invalid):
@@ -95,13 +105,17 @@ class Planner:
         cpu_started = time.thread_time()
         self.metrics.request_cpu(route.name, "prepare", prepared.cpu_seconds)
         affinity = self.session_keys.of(headers, prepared.session_values)
+        if affinity is not None and tenant is not None:
+            affinity = f"{tenant}/{affinity}"  # one tenant cannot steer another's session
         fleet = [candidate(b) for b in members.backends.values()]
         admitted = {c.name for c in admit(fleet, RoutingRequest(prepared.model, fleet=fleet))}
         if prepared.invalid is not None:  # the daemons check the model first, and so do we
             raise RequestInvalid(prepared.invalid)
         backends = [b for b in members.backends.values() if b.name in admitted]
         blocks = {
-            b.name: prepared.blocks.get(members.fingerprint_of(b), EMPTY) if keyed else EMPTY
+            b.name: self.index.on(b.name, prepared.blocks.get(members.fingerprint_of(b), EMPTY))
+            if keyed
+            else EMPTY
             for b in backends
         }
         hits = {b.name: self.index.predict_tiers(b.name, blocks[b.name]) for b in backends}
@@ -133,7 +147,7 @@ class Planner:
             fingerprint = self.members.fingerprint_of(b)
             request = keyed.get(fingerprint) if fingerprint != MESSAGE_KEYS else None
             if request is not None and request.keys:
-                out[b.name] = self.index.predict(b.name, request)
+                out[b.name] = self.index.predict(b.name, self.index.on(b.name, request))
         return out
 
     def spill_peer(self, plan: Plan, backend: Backend) -> Backend | None:
@@ -186,6 +200,7 @@ class Planner:
         prompt_tokens = usage.prompt_tokens if usage else None
         cached = usage.cached_tokens if usage else None
         if outcome == "ok":
+            plan.usage = usage
             self.index.routed(backend.name, plan.blocks.get(backend.name, EMPTY))
             if plan.affinity:
                 self.sessions.served(plan.affinity, backend.name)

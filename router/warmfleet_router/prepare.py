@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.prompts import PromptError
+from warmfleet_common.tenancy import cache_salt, cache_salt_problem
 from warmfleet_router.keys import (
     EMPTY,
     MESSAGE_KEYS,
@@ -37,6 +38,7 @@ from warmfleet_router.keys import (
     MessageKeyer,
     Prompt,
     RequestBlocks,
+    Salt,
     TextPrompt,
 )
 from warmfleet_router.routes import BY_NAME
@@ -69,6 +71,8 @@ class Job:
     fingerprints: tuple[str, ...] = ()  # layouts to key the prompt for (and "messages")
     session_paths: tuple[tuple[str, ...], ...] = ()  # body fields that hold session keys
     max_context: int | None = None  # the largest context of the ready backends, if known
+    tenant: str | None = None  # the client key's tenant: its blocks are keyed with its salt
+    shared_tokens: int = 0  # the longest fleet-wide warm prompt (`keys.Salt`)
 
 
 @dataclass(frozen=True)
@@ -150,10 +154,14 @@ def _prepare(job: Job, keyers: KeyerCache) -> Prepared | Invalid:
         prompt = None  # the backend answers it with its own 400
     invalid = _invalid(prompt, wanted, job.max_context)
     blocks: dict[str, RequestBlocks] = {}
+    own = body.get("cache_salt")
+    if cache_salt_problem(own) is not None:
+        prompt = None  # the backend answers it with its own 400
     if invalid is None and prompt is not None:
+        salt = Salt(cache_salt(job.tenant, own), job.shared_tokens)
         for fingerprint in job.fingerprints:
             keyer = keyers.get(fingerprint)
-            blocks[fingerprint] = _blocks(keyer, prompt) if keyer is not None else EMPTY
+            blocks[fingerprint] = _blocks(keyer, prompt, salt) if keyer is not None else EMPTY
     return Prepared(True, model if isinstance(model, str) else None, sessions, blocks, invalid)
 
 
@@ -201,10 +209,10 @@ def _utf8_size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def _blocks(keyer: Keyer, prompt: Prompt) -> RequestBlocks:
+def _blocks(keyer: Keyer, prompt: Prompt, salt: Salt) -> RequestBlocks:
     try:
         if isinstance(prompt, ChatPrompt):
-            return keyer.chat(prompt.messages, prompt.tools)
-        return keyer.completion(prompt.prompt)
+            return keyer.chat(prompt.messages, prompt.tools, salt=salt)
+        return keyer.completion(prompt.prompt, salt)
     except (KeyError, TypeError, ValueError, PromptError, RecursionError, struct.error):
         return EMPTY  # the backend answers it with its own 400

@@ -14,21 +14,30 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
-from warmfleet_common import bounded, spill
+from warmfleet_common import bounded, spill, tenancy
+from warmfleet_common.client_keys import API_KEY_HEADER
 from warmfleet_common.grants import GRANT_HEADER, issue_grant
+from warmfleet_common.wire import STREAM_USAGE_COMMENT, STREAM_USAGE_HEADER
 from warmfleet_router.backend import Backend
-from warmfleet_router.errors import error_response, invalid_request, routing_error, stream_error
+from warmfleet_router.errors import (
+    error_response,
+    invalid_request,
+    routing_error,
+    stream_error,
+    throttled,
+)
 from warmfleet_router.fleet import Fleet
 from warmfleet_router.planning import Plan
 from warmfleet_router.policy import Reason, RoutingError
 from warmfleet_router.prepare import RequestInvalid
+from warmfleet_router.quotas import OPEN, Throttled, Ticket
 from warmfleet_router.routes import ProxiedRoute, Usage
 
 log = logging.getLogger(__name__)
@@ -49,6 +58,8 @@ _HOP = {
     "proxy-authenticate",
 }
 _PASSED_BACK = ("content-type", "content-encoding", "cache-control", "x-request-id")
+_CLIENT_KEY_HEADERS = {"authorization", API_KEY_HEADER}
+_UNSIGNED: set[str] = set()  # backends told of once: no token to sign a tenant with
 
 
 T = TypeVar("T")
@@ -66,31 +77,93 @@ class _Answered(Exception):
 
 
 async def forward(
-    fleet: Fleet, route: ProxiedRoute, raw: bytes, headers: Mapping[str, str]
+    fleet: Fleet,
+    route: ProxiedRoute,
+    raw: bytes,
+    headers: Mapping[str, str],
+    tenant: str | None = None,
 ) -> Response:
     try:
-        plan = await fleet.planner.plan(route, raw, headers)
+        plan = await fleet.planner.plan(route, raw, headers, tenant)
     except RoutingError as exc:
         return routing_error(exc, route.api)
     except RequestInvalid as exc:
         return invalid_request(exc.invalid, route.api)
-    # A client never names a spill peer: only the router does, signed (see _spill_headers).
+    who = tenant or OPEN
+    keyed = max((b.tokens for b in plan.blocks.values()), default=0)
+    ticket = fleet.quotas.admit(who, keyed)
+    if isinstance(ticket, Throttled):
+        fleet.metrics.throttled(who, ticket.limit)
+        return throttled(ticket, route.api)
+    try:
+        response = await _attempts(fleet, route, raw, headers, tenant, plan)
+    except BaseException:
+        _settle(fleet, plan, ticket)
+        raise
+    if isinstance(response, StreamingResponse):  # settled once its last byte is sent
+        response.body_iterator = _settled_at_end(response.body_iterator, fleet, plan, ticket)
+    else:
+        _settle(fleet, plan, ticket)
+    return response
+
+
+def _settle(fleet: Fleet, plan: Plan, ticket: Ticket) -> None:
+    """The request is over: its tenant's quota gets what it used, the metrics too."""
+    usage = plan.usage
+    ticket.release(
+        usage.prompt_tokens if usage else None, usage.completion_tokens if usage else None
+    )
+    fleet.metrics.tenant_request(ticket.tenant, "ok" if usage else "other", usage)
+
+
+async def _settled_at_end(
+    body: AsyncIterable[Any], fleet: Fleet, plan: Plan, ticket: Ticket
+) -> AsyncIterator[Any]:
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        closing = getattr(body, "aclose", None)
+        if closing is not None:
+            await closing()  # its own ending first: that records the usage
+        _settle(fleet, plan, ticket)
+
+
+async def _attempts(
+    fleet: Fleet,
+    route: ProxiedRoute,
+    raw: bytes,
+    headers: Mapping[str, str],
+    tenant: str | None,
+    plan: Plan,
+) -> Response:
+    # A client never names a spill peer or a tenant: only the router does, signed (see
+    # _spill_headers, _tenant_headers).
     upstream_headers = {
         k: v
         for k, v in headers.items()
-        if k.lower() not in _HOP and not k.lower().startswith(spill.HEADER_PREFIX)
+        if k.lower() not in _HOP
+        and not k.lower().startswith((spill.HEADER_PREFIX, tenancy.HEADER_PREFIX))
     }
+    upstream_headers[STREAM_USAGE_HEADER] = "1"  # a tenant's tokens are counted from it
     attempts: list[tuple[str, Reason]] = [(plan.decision.backend, plan.decision.reason)]
-    attempts += [(name, "failover") for name in plan.decision.fallbacks[:1]]
+    # One retry, on the best fallback still usable (the next on the ring may be draining
+    # with the one that failed: a rolling restart takes several at a time).
+    members = fleet.members.backends
+    retry = next((n for n in plan.decision.fallbacks if n in members and members[n].usable), None)
+    attempts += [(retry, "failover")] if retry is not None else []
     errors: list[str] = []
     for name, reason in attempts:
-        backend = fleet.members.backends.get(name)
-        if backend is None or (reason == "failover" and not backend.usable):
+        backend = members.get(name)
+        if backend is None:
             continue
         failed = fleet.members.backends.get(attempts[0][0])
         if reason == "failover" and failed is not None:
             fleet.metrics.failover(failed)
-        sent = {**upstream_headers, **_spill_headers(fleet, plan, backend)}
+        sent = {
+            **_tenant_headers(upstream_headers, backend, tenant),
+            **_spill_headers(fleet, plan, backend),
+        }
         try:
             return await _attempt(fleet, plan, backend, reason, route, raw, sent)
         except _Answered as answered:
@@ -100,6 +173,29 @@ async def forward(
             log.warning("backend %s failed before the first byte: %s", name, exc)
     message = "every backend tried failed: " + "; ".join(errors)
     return error_response(502, message, "backend_failed", shape=route.api)
+
+
+def _tenant_headers(
+    headers: dict[str, str], backend: Backend, tenant: str | None
+) -> dict[str, str]:
+    """The tenant the router authenticated, signed with `backend`'s admin token (then
+    the client's key stays here: the daemon needs no copy); without its token the
+    client's headers go as they are, for a daemon with the keys file to check."""
+    if tenant is None:
+        return headers
+    if not backend.spec.token:
+        if backend.name not in _UNSIGNED:
+            _UNSIGNED.add(backend.name)
+            log.warning(
+                "backend %s: no admin token to sign the tenant with: its cache keeps tenants "
+                "apart only if it has the keys file too",
+                backend.name,
+            )
+        return headers
+    kept = {k: v for k, v in headers.items() if k.lower() not in _CLIENT_KEY_HEADERS}
+    kept[tenancy.TENANT_HEADER] = tenant
+    kept[tenancy.TENANT_SIGNATURE_HEADER] = tenancy.sign_tenant(backend.spec.token, tenant)
+    return kept
 
 
 def _spill_headers(fleet: Fleet, plan: Plan, backend: Backend) -> dict[str, str]:
@@ -403,6 +499,8 @@ class _UsageScanner:
         if len(self._partial) > 1 << 20:
             self._partial = b""  # a line this long is no usage chunk
         for line in lines:
+            if line.startswith(STREAM_USAGE_COMMENT):  # a warmfleet daemon's, for the router
+                line = b"data: " + line[len(STREAM_USAGE_COMMENT) :]
             if line.startswith(b"data: {") and b'"usage"' in line:
                 try:
                     document = json.loads(line[6:])

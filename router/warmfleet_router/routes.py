@@ -38,6 +38,7 @@ class Usage:
     # cached_tokens by the tier each came from (a warmfleet daemon's
     # `usage.cached_tokens_by_tier`); None: the backend did not say.
     tiers: TierTokens | None = None
+    completion_tokens: int | None = None  # generated (None: the backend did not say)
 
 
 def _with_tiers(usage: Usage, document: Mapping[str, Any]) -> Usage:
@@ -102,7 +103,9 @@ def openai_usage(document: Mapping[str, Any]) -> Usage | None:
     if not isinstance(prompt, int) or isinstance(prompt, bool):
         return None
     counted = Usage(
-        prompt, cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+        prompt,
+        cached if isinstance(cached, int) and not isinstance(cached, bool) else 0,
+        completion_tokens=_generated(usage.get("completion_tokens")),
     )
     return _with_tiers(counted, usage)
 
@@ -152,9 +155,8 @@ def anthropic_usage(document: Mapping[str, Any]) -> Usage | None:
     created = usage.get("cache_creation_input_tokens")
     if not (_count(uncached) and _count(cached)):
         return None
-    return _with_tiers(
-        Usage(uncached + cached + (created if _count(created) else 0), cached), usage
-    )
+    prompt = uncached + cached + (created if _count(created) else 0)
+    return _with_tiers(Usage(prompt, cached, None, _generated(usage.get("output_tokens"))), usage)
 
 
 def anthropic_output(event: Mapping[str, Any]) -> bool:
@@ -173,12 +175,17 @@ def responses_usage(document: Mapping[str, Any]) -> Usage | None:
         return None
     details = usage.get("input_tokens_details")  # type: ignore[union-attr]
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return _with_tiers(Usage(prompt, cached if _count(cached) else 0), usage)  # type: ignore[arg-type]
+    generated = _generated(usage.get("output_tokens"))  # type: ignore[union-attr]
+    return _with_tiers(Usage(prompt, cached if _count(cached) else 0, None, generated), usage)  # type: ignore[arg-type]
 
 
 def responses_output(event: Mapping[str, Any]) -> bool:
     """Anything past the response's creation (`response.created`/`in_progress`)."""
     return event.get("type") not in ("response.created", "response.in_progress")
+
+
+def _generated(value: Any) -> int | None:
+    return value if _count(value) else None
 
 
 def _count(value: Any) -> TypeGuard[int]:

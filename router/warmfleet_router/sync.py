@@ -276,8 +276,8 @@ class BackendSync:
         backend = self.backend
         limits = self._limits
         try:
-            listed = await self._read(
-                "/v1/models", ModelList, limit=limits.small, deadline=limits.deadline
+            listed = await self._read(  # the admin token: a daemon with client keys wants one
+                "/v1/models", ModelList, limit=limits.small, deadline=limits.deadline, admin=True
             )
         except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
             self._trouble("models", exc)
@@ -350,6 +350,10 @@ class BackendSync:
                 for key in p.blocks
             ),
         )
+        # As the daemon's engine shares them: every prompt of a pinned fleet-wide set.
+        shared = [p for s in sets if s.pin and s.tenants is None for p in s.prompts]
+        self._index.set_shared(backend.name, (bytes.fromhex(k) for p in shared for k in p.blocks))
+        backend.shared_tokens = max((p.tokens for p in shared), default=0)
 
     # -- cache events ---------------------------------------------------------------
 

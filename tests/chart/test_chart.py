@@ -380,7 +380,12 @@ def test_servicemonitor_scrapes_the_router_service() -> None:
     service = one(docs, "Service", "wf-router")
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {k: endpoint[k] for k in ("port", "path", "interval")} == {
+        "port": "http",
+        "path": "/metrics",
+        "interval": "15s",
+    }
     # Without the router there is nothing to monitor.
     assert not by_kind(
         render(sets=("monitoring.serviceMonitor.enabled=true",), monitoring=True), "ServiceMonitor"
@@ -484,3 +489,92 @@ def test_the_chart_grants_the_operator_what_deploy_rbac_grants(
         if doc and doc["kind"] in ("ClusterRole", "Role")
     ]
     assert _operator_grants(docs, names) == {r for doc in shipped for r in _rules(doc)}
+
+
+# -- TLS, client keys and quotas --------------------------------------------------------------
+
+
+def _mounted(deployment: dict[str, Any], path: str) -> dict[str, Any]:
+    """The volume mounted at the directory holding `path`."""
+    container = _container(deployment)
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    return dict(volumes[mount["name"]])
+
+
+def test_router_serves_https_with_keys_and_quotas_from_secrets_and_values() -> None:
+    """The router's command line parses with its own parser, every file it names is
+    mounted from the Secret or ConfigMap the values say (whole, so renewals reach it), its
+    probes speak HTTPS, and the quotas ConfigMap is a quotas file the router accepts."""
+    import argparse
+
+    from warmfleet_router.cli import add_arguments
+    from warmfleet_router.quotas import parse_quotas
+
+    docs = render(ALL)
+    deployment = one(docs, "Deployment", "wf-router")
+    container = _container(deployment)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    files = {
+        args.tls_cert: ("secret", "wf-router-tls"),
+        args.tls_key: ("secret", "wf-router-tls"),
+        args.tls_ca: ("secret", "fleet-ca"),
+        args.tls_client_cert: ("secret", "wf-client-tls"),
+        args.tls_client_key: ("secret", "wf-client-tls"),
+        args.api_keys_file: ("secret", "client-keys"),
+        args.quotas: ("configMap", "wf-router-quotas"),
+    }
+    for path, (kind, name) in files.items():
+        volume = _mounted(deployment, path)
+        source = volume[kind]
+        assert source.get("secretName", source.get("name")) == name, path
+        if "items" in source:  # the ConfigMap's one key is mounted whole
+            assert path.rsplit("/", 1)[1] in [i["path"] for i in source["items"]]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+        assert "subPath" not in mount  # a renewal reaches the mounted files
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    quotas = one(docs, "ConfigMap", "wf-router-quotas")["data"]["quotas.yaml"]
+    config = parse_quotas(quotas)
+    assert config.limits("team-a").requests_per_minute == 60
+    assert config.limits("team-a").concurrent_requests == 16  # the default's
+    monitor = one(render(ALL, monitoring=True), "ServiceMonitor", "wf-router")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "wf-router-tls", "key": "ca.crt"}
+    # Off by default: plain HTTP to the daemons, nothing mounted for it.
+    plain = _container(one(render(), "Deployment", "warmfleet-operator"))
+    assert not [a for a in plain["args"] if a.startswith("--tls")]
+
+
+def test_operator_verifies_and_presents_certificates_from_secrets() -> None:
+    import argparse
+
+    from warmfleet_operator.cli import add_arguments
+
+    deployment = one(render(ALL), "Deployment", "wf-operator")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(_container(deployment)["args"][1:])
+    assert _mounted(deployment, args.tls_ca)["secret"]["secretName"] == "fleet-ca"
+    for path in (args.tls_cert, args.tls_key):
+        assert _mounted(deployment, path)["secret"]["secretName"] == "wf-client-tls"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"router": {"quotas": {"default": {"requests_per_minute": 0}}}},
+        {"router": {"quotas": {"tenants": {"bad name": {}}}}},
+        {"router": {"quotas": {"default": {"rpm": 3}}}},
+        {"router": {"apiKeys": {"existingSecret": "Not_A_Name", "secretKey": "k"}}},
+        {"tls": {"caSecret": "ca", "caKey": "a/b"}},
+    ],
+)
+def test_the_schema_refuses_bad_tls_keys_and_quotas(bad: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    done = helm("template", "t", str(CHART), "-f", str(path), check=False)
+    assert done.returncode != 0 and "values don't meet the specifications" in done.stderr

@@ -31,6 +31,9 @@ COMMANDS = [
     ("sim",),
     ("sim", "trace"),
     ("sim", "replay"),
+    ("sim", "report"),
+    ("sim", "run"),
+    ("plan",),
     ("warm-prompts",),
     ("warm-prompts", "capture"),
 ]
@@ -78,6 +81,7 @@ def _modules_loaded_by(argv: list[str]) -> list[str]:
         ["bench-serve", "--help"],
         ["warm-prompts", "capture", "--help"],
         ["sim", "trace", "--help"],
+        ["sim", "report", "--help"],
     ],
 )
 def test_a_subcommand_loads_only_what_it_needs(argv: list[str]) -> None:

@@ -20,6 +20,7 @@ from warmfleet_common.perf_profile import (
     dump_profile,
     load_profile,
     parse_profile,
+    pooled,
 )
 
 
@@ -294,3 +295,16 @@ def test_each_built_in_profile_charges_finite_positive_times(name: str) -> None:
     for batch in (1, 2, 16):
         assert 0 < profile.decode_step_seconds(batch, profile.decode_reference_context) < 60
     assert profile.memory_budget_bytes > 0 and profile.kv_bytes_per_token > 0
+
+
+def test_pooled_machines_are_one_with_their_memory_prefill_and_batch_width() -> None:
+    """The ideal a fleet is measured against: N machines' cache in one, prefilling N
+    times as fast, decoding N times the batch in one machine's step time."""
+    one, ten = _profile(), pooled(_profile(), 10)
+    assert ten.memory_budget_bytes == 10 * one.memory_budget_bytes
+    assert ten.prefill_seconds(0, 512) == pytest.approx(one.prefill_seconds(0, 512) / 10)
+    assert ten.decode_step_seconds(40, 1000) == pytest.approx(one.decode_step_seconds(4, 1000))
+    assert ten.restore_seconds("disk", 500) == one.restore_seconds("disk", 500)
+    assert ten.name == "test-mac-x10" and parse_profile(dump_profile(ten)) == ten
+    with pytest.raises(ValueError):
+        pooled(one, 0)

@@ -128,3 +128,18 @@ def test_stored_events_and_snapshots_say_where_a_blocks_kv_came_from() -> None:
     assert [log.block_wire(v).source for v in blocks] == ["prefill", "peer", "disk"]
     cache.clear()
     assert "source" not in replay(log, after=3)[0]  # only a stored block has one
+
+
+def test_a_stopping_daemon_ends_every_stream() -> None:
+    """The daemon's stop ends each subscriber's stream (a stream waiting for events held
+    the server's stop for its whole graceful timeout)."""
+
+    async def scenario() -> tuple[object, bool]:
+        _, log = logged()
+        found = log.subscribe(0, asyncio.get_running_loop())
+        assert found is not None
+        _, subscription = found
+        log.end_streams()
+        return await asyncio.wait_for(subscription.queue.get(), 5), subscription.ended
+
+    assert asyncio.run(scenario()) == (None, True)

@@ -25,10 +25,18 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from support.agents import claude_code, codex
-from support.cluster import ROOT, apply, get, kubectl, service_account_kubeconfig, tool, wait
+from support.cluster import (
+    ROOT,
+    apply,
+    get,
+    kubectl,
+    operator_rbac,
+    service_account_kubeconfig,
+    tool,
+    wait,
+)
 from support.processes import Daemon, interrupt, start_daemon
 from warmfleet_common.agent_apis.prefix import warm_prompt
 
@@ -145,22 +153,6 @@ class Fleet:
         return self.operator_log.read_text(errors="replace") if self.operator_log.exists() else ""
 
 
-def rbac(namespace: str) -> list[dict[str, Any]]:
-    """deploy/rbac's ServiceAccount and namespaced variant, moved to `namespace`; the
-    cluster-scoped binding gets a per-run name."""
-    docs = [yaml.safe_load((ROOT / "deploy/rbac/serviceaccount.yaml").read_text())]
-    for path in sorted((ROOT / "deploy/rbac/namespaced").glob("*.yaml")):
-        docs.append(yaml.safe_load(path.read_text()))
-    for doc in docs:
-        if "namespace" in doc["metadata"]:
-            doc["metadata"]["namespace"] = namespace
-        for subject in doc.get("subjects") or []:
-            subject["namespace"] = namespace
-        if doc["kind"] == "ClusterRoleBinding":
-            doc["metadata"]["name"] += f"-{namespace}"
-    return docs
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     if not os.environ.get("KUBECONFIG"):
@@ -176,7 +168,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     kubectl("create", "namespace", namespace)
     fleet = Fleet(namespace, tmp_path_factory.mktemp("e2e"))
     try:
-        apply(*rbac(namespace))
+        apply(*operator_rbac(namespace))
         kubectl(
             "create", "secret", "generic", "daemon-token", "-n", namespace,
             f"--from-literal=token={TOKEN}",

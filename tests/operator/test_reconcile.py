@@ -94,6 +94,17 @@ def test_resolve_reads_messages_from_configmaps_and_hashes_what_it_resolved() ->
     assert resolve(spec, "ns", 8, maps).source_hash == got.source_hash  # generation alone
 
 
+def test_resolve_scopes_a_set_to_its_tenants() -> None:
+    spec = {"prompts": [{"name": "p", "messages": [{"role": "system", "content": "a"}]}]}
+    fleet_wide = resolve(spec, "ns", 1, {})
+    scoped = resolve({**spec, "tenants": ["team-a", "team-b"]}, "ns", 1, {})
+    assert fleet_wide.tenants is None and scoped.tenants == ["team-a", "team-b"]
+    assert scoped.source_hash != fleet_wide.source_hash  # a change of scope is pushed
+    with pytest.raises(InvalidSpec) as err:
+        resolve({**spec, "tenants": ["not a tenant"]}, "ns", 1, {})
+    assert err.value.reason == "InvalidSpec" and "tenants" in err.value.message
+
+
 @pytest.mark.parametrize(
     ("maps", "reason"),
     [

@@ -87,7 +87,9 @@ def test_anthropic_usage_from_the_body_and_the_stream() -> None:
     usage = {"input_tokens": 7, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 3}
     assert anthropic_usage({"type": "message", "usage": usage}) == Usage(100, 90)
     start = {"type": "message_start", "message": {"usage": {**usage, "output_tokens": 1}}}
-    assert anthropic_usage(start) == Usage(100, 90)
+    assert anthropic_usage(start) == Usage(100, 90, completion_tokens=1)
+    done = {"type": "message_delta", "usage": {**usage, "output_tokens": 12}}
+    assert anthropic_usage(done) == Usage(100, 90, completion_tokens=12)  # what quotas count
     assert anthropic_usage({"type": "message_delta", "usage": {"output_tokens": 5}}) is None
     assert anthropic_usage({"type": "message_delta", "usage": usage}) == Usage(100, 90)
     assert anthropic_usage({"usage": {"input_tokens": True, "cache_read_input_tokens": 1}}) is None
@@ -96,6 +98,8 @@ def test_anthropic_usage_from_the_body_and_the_stream() -> None:
 def test_responses_usage_from_the_body_and_the_completed_event() -> None:
     usage = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96}}
     assert responses_usage({"object": "response", "usage": usage}) == Usage(120, 96)
+    generated = {**usage, "output_tokens": 7}
+    assert responses_usage({"usage": generated}) == Usage(120, 96, completion_tokens=7)
     done = {"type": "response.completed", "response": {"usage": usage}}
     assert responses_usage(done) == Usage(120, 96)
     assert responses_usage({"type": "response.created", "response": {"usage": None}}) is None

@@ -15,6 +15,7 @@ import pytest_asyncio
 import yaml
 
 from support.kubeemu import Cluster, emulated, wait_for
+from warmfleet_router import discovery
 from warmfleet_router.backend import BackendSpec
 from warmfleet_router.discovery import ClusterSource, FolderSource, StaticSource
 
@@ -192,6 +193,28 @@ async def test_folder_source_reads_the_operator_folder(tmp_path: Path) -> None:
     ]
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(node("mac-3", 9003)))
     assert [s.name for s in await source.specs()] == ["mac-3"]
+
+
+async def test_folder_source_parses_the_folder_only_when_a_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hundred WarmNodes' YAML parsed every interval was 9% of a router's CPU."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(node("mac-1", 9001)))
+    reads: list[Path] = []
+    real = discovery.read_folder
+    monkeypatch.setattr(discovery, "read_folder", lambda d: reads.append(d) or real(d))
+    changes = FolderSource(tmp_path, interval=0.01).changes()
+    try:
+        assert [s.name for s in await anext(changes)] == ["mac-1"]
+        polled = asyncio.ensure_future(anext(changes))
+        await asyncio.sleep(0.2)  # some twenty intervals with nothing changed
+        assert len(reads) == 1 and not polled.done()
+        fleet.write_text(yaml.safe_dump(node("mac-2", 9002)))
+        assert [s.name for s in await asyncio.wait_for(polled, 5)] == ["mac-2"]
+        assert len(reads) == 2
+    finally:
+        await changes.aclose()
 
 
 async def test_bad_sources_are_refused_clearly(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.fleet import Fleet
 from warmfleet_router.index import ENTRY_BYTES, BlockIndex
 from warmfleet_router.options import ProxyOptions, RouterOptions
+from warmfleet_router.policy.model import Decision
 from warmfleet_router.proxy import forward
 from warmfleet_router.routes import CHAT, COMPLETION
 from warmfleet_router.sessions import MAX_KEY_CHARS, SessionTable, capped
@@ -445,3 +446,41 @@ async def test_a_backend_that_is_still_starting_is_no_warning_until_it_lasts(
     assert "not ready yet" in starting[0].getMessage()
     await asyncio.sleep(0.6)  # past the grace, still not ready: now it is trouble
     await until(lambda: len(warnings_about(caplog, "snapshot")) == 1)
+
+
+async def test_the_retry_goes_to_the_first_fallback_still_usable(fleet: Fleet, fake: Fake) -> None:
+    """A rolling restart drains several backends at once: when the one a request went to
+    fails before its first byte and the next fallback is draining too, the retry skips
+    it for one that is ready (it used to give up with a 502)."""
+
+    def chat_route(request: httpx.Request) -> Any:
+        if request.url.host == "a":
+            raise httpx.ConnectError("the connection was reset", request=request)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield json.dumps({"choices": [], "usage": {"prompt_tokens": 3}}).encode()
+
+        return httpx.Response(200, headers={"content-type": "application/json"}, content=body())
+
+    def readyz(request: httpx.Request) -> Any:
+        if request.url.host == "b":
+            return httpx.Response(503, json={"status": "draining"})
+        return httpx.Response(200, json={"status": "ready"})
+
+    fake.routes["/v1/chat/completions"] = chat_route
+    fake.routes["/readyz"] = readyz
+    await fleet.members.apply([BackendSpec(n, f"http://{n}") for n in "abc"])
+    await fleet.members.first_checks()
+    await until(lambda: not fleet.members.backends["b"].usable)
+    plan = fleet.planner.plan
+
+    async def a_then_b(*args: Any) -> Any:
+        made = await plan(*args)
+        made.decision = Decision("a", "prefix", 0, ("b", "c"))
+        return made
+
+    fleet.planner.plan = a_then_b  # type: ignore[method-assign]
+    response = await forward(fleet, CHAT, chat(), {})
+    assert response.status_code == 200
+    assert response.headers["x-warmfleet-backend"] == "c"
+    assert response.headers["x-warmfleet-route-reason"] == "failover"

@@ -105,3 +105,19 @@ def service_account_kubeconfig(
         )
     )
     return path
+
+
+def operator_rbac(namespace: str) -> list[dict[str, Any]]:
+    """deploy/rbac's ServiceAccount and namespaced variant, moved to `namespace`; the
+    cluster-scoped binding gets a per-run name."""
+    docs = [yaml.safe_load((ROOT / "deploy/rbac/serviceaccount.yaml").read_text())]
+    for path in sorted((ROOT / "deploy/rbac/namespaced").glob("*.yaml")):
+        docs.append(yaml.safe_load(path.read_text()))
+    for doc in docs:
+        if "namespace" in doc["metadata"]:
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["metadata"]["name"] += f"-{namespace}"
+    return docs

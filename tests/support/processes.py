@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ class Daemon:
     url: str
     process: subprocess.Popen[bytes]
     log_path: str
+    verify: ssl.SSLContext | bool = True  # what a client verifies it with (its CA over TLS)
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -64,9 +66,12 @@ def start_daemon(
     return _start("serve", args, timeout=timeout, env=env, port=port)
 
 
-def start_router(*args: str, timeout: float = 60, port: int | None = None) -> Daemon:
-    """`warmfleet router ARGS` on a free port, once its /readyz says a backend is ready."""
-    return _start("router", args, timeout=timeout, env=None, port=port)
+def start_router(
+    *args: str, timeout: float = 60, port: int | None = None, ready: str = "/readyz"
+) -> Daemon:
+    """`warmfleet router ARGS` on a free port, once its /readyz says a backend is ready
+    (`ready="/healthz"`: once it answers at all)."""
+    return _start("router", args, timeout=timeout, env=None, port=port, ready=ready)
 
 
 def wait_warm(url: str, timeout: float = 120) -> None:
@@ -156,6 +161,7 @@ def _start(
     timeout: float,
     env: dict[str, str] | None,
     port: int | None,
+    ready: str = "/readyz",
 ) -> Daemon:
     port = port or free_port()
     cmd = [sys.executable, "-m", "warmfleet_cli", command, "--port", str(port), *args]
@@ -169,14 +175,20 @@ def _start(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    started = Daemon(f"http://127.0.0.1:{port}", process, log_path)
+    # Over TLS (--tls-cert): https, verified with the CA the test passes as --tls-ca.
+    tls = "--tls-cert" in args
+    scheme = "https" if tls else "http"
+    ca = args[args.index("--tls-ca") + 1] if "--tls-ca" in args else None
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+    started = Daemon(f"{scheme}://127.0.0.1:{port}", process, log_path, verify)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             code = process.returncode
             raise RuntimeError(f"{command} exited with {code}: {cmd}\n{started.log()}")
         try:
-            if httpx.get(f"{started.url}/readyz", timeout=2).status_code == 200:
+            answer = httpx.get(f"{started.url}{ready}", timeout=2, verify=verify)
+            if answer.status_code == 200:
                 return started
         except httpx.HTTPError:
             pass

@@ -49,6 +49,7 @@ def expand(expr: str, *, model: str, rate_interval: str) -> str:
         "model": prometheus_regex_escape(model),
         "daemon": ALL,
         "namespace": ALL,
+        "tenant": ALL,
     }
     return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
 
@@ -84,4 +85,7 @@ LABELS = {
     "warmfleet_prediction_source",
     "warmfleet_outcome",
     "warmfleet_index_mode",
+    "warmfleet_tenant",
+    "warmfleet_quota_limit",
+    "gen_ai_token_type",
 }

@@ -19,16 +19,19 @@ needs_promtool = pytest.mark.skipif(
 def test_dashboard_has_the_variables_and_a_datasource_on_every_query() -> None:
     board = dashboard()
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert set(variables) == {"datasource", "namespace", "model", "daemon"}
+    assert set(variables) == {"datasource", "namespace", "model", "daemon", "tenant"}
     assert variables["datasource"]["query"] == "prometheus"
     for panel in board["panels"]:
-        if panel["type"] == "row":  # a heading (the disk tier's)
+        if panel["type"] == "row":  # a heading (the disk tier's, the tenants')
             continue
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
-            assert "$model" in target["expr"] and "$daemon" in target["expr"], panel["title"]
+            if panel["title"].startswith("Tenants:"):  # the router's, per tenant
+                assert "$tenant" in target["expr"], panel["title"]
+            else:
+                assert "$model" in target["expr"] and "$daemon" in target["expr"], panel["title"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
 
@@ -66,12 +69,29 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
 
+def test_tenants_have_a_row_of_their_own() -> None:
+    panels = dashboard()["panels"]
+    (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Tenants"]
+    below = [p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    assert below and all(p["title"].startswith("Tenants:") for p in below)
+    exprs = " ".join(t["expr"] for p in below for t in p["targets"])
+    for metric in (
+        "warmfleet_router_tenant_requests_total",
+        "warmfleet_router_tenant_tokens_total",
+        "warmfleet_router_tenant_throttled_total",
+        "warmfleet_router_tenant_in_flight",
+    ):
+        assert metric in exprs, metric
+    for kind in ("input", "cached"):
+        assert f'gen_ai_token_type="{kind}"' in exprs
+
+
 def test_the_disk_tier_has_a_row_of_its_own() -> None:
     panels = dashboard()["panels"]
-    (row,) = [p for p in panels if p["type"] == "row"]
+    (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Disk tier"]
     assert row["title"] == "Disk tier"
     below = [p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]]
-    exprs = " ".join(t["expr"] for p in below for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in below for t in p.get("targets", []))
     for metric in (
         "warmfleet_prefix_cache_tier_hit_tokens_total",
         "warmfleet_disk_tier_size_bytes",

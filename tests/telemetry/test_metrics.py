@@ -154,6 +154,7 @@ def test_a_daemon_without_a_disk_tier_exports_every_series_the_dashboards_read()
             assert time.monotonic() < deadline
             time.sleep(0.05)
         values = samples(client)
+        assert client.get("/v1/status").json()["sim"] is None  # a real engine
     exported = {name for name, _ in values}
     missing = {
         name
@@ -166,3 +167,9 @@ def test_a_daemon_without_a_disk_tier_exports_every_series_the_dashboards_read()
     assert {n for n in missing if not n.startswith(("gen_ai_", "warmfleet_prefix_cache"))} == set()
     disk = {name: v for (name, _), v in values.items() if name.startswith("warmfleet_disk_tier_")}
     assert disk and set(disk.values()) == {0.0}
+    # A real engine's simulated time: none, at 0 (a simulated daemon's: test_sim_clock.py).
+    sim = {name: v for (name, _), v in values.items() if name.startswith("warmfleet_sim_clock_")}
+    assert sim == {
+        "warmfleet_sim_clock_spent_seconds_total": 0.0,
+        "warmfleet_sim_clock_behind_seconds_total": 0.0,
+    }

@@ -83,6 +83,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="bearer token for DELETE /v1/cache/prefix, and the warm sets and status of "
         "--profile-out (or WARMFLEET_ADMIN_TOKEN)",
     )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get("WARMFLEET_API_KEY"),
+        help="a client key, for a router or daemon with --api-keys-file (or WARMFLEET_API_KEY)",
+    )
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="verify an https server's certificate with this CA bundle (default: the system's)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     p.add_argument(
         "--write-warm-prompts",
@@ -170,6 +181,8 @@ def serve(args: argparse.Namespace) -> int:
             cache_policy=args.cache_policy,
             admin_token=token or None,
             timeout_s=args.timeout,
+            api_key=args.api_key,
+            tls_ca=args.tls_ca,
         )
         with report.RichProgress(err) as progress:
             bench = run(options, progress)
@@ -222,6 +235,8 @@ def _profile(args: argparse.Namespace, err: Console) -> int:
             model=args.model,
             admin_token=_admin_token(args),
             timeout_s=args.timeout,
+            api_key=args.api_key,
+            tls_ca=args.tls_ca,
         )
         measured = run_profile(options, _Notes(err))
         profile = build.build_profile(

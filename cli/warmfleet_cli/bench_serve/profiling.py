@@ -48,8 +48,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from warmfleet_cli.bench_serve.profile_http import Server, Timed
-from warmfleet_cli.bench_serve.serve import BenchError, _describe, base_url
+from warmfleet_cli.bench_serve.serve import BenchError, _describe, base_url, client_headers
 from warmfleet_common import __version__
+from warmfleet_common.tls import TlsOptions, client_verify
 
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
@@ -75,6 +76,8 @@ class ProfileOptions:
     admin_token: str | None = None
     timeout_s: float = 600.0
     disk_tokens: int = DISK_TOKENS
+    api_key: str | None = None
+    tls_ca: str | None = None
 
     def __post_init__(self) -> None:
         if not self.contexts or any(c < 1 for c in self.contexts):
@@ -186,9 +189,12 @@ async def _run(options: ProfileOptions, notes: Notes) -> Measurements:
     url = base_url(options.url)
     timeout = httpx.Timeout(options.timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=max(options.batches) + 4)
-    headers = {"User-Agent": f"warmfleet-bench/{__version__}"}
     async with httpx.AsyncClient(
-        base_url=url, timeout=timeout, limits=limits, headers=headers
+        base_url=url,
+        timeout=timeout,
+        limits=limits,
+        headers=client_headers(options.api_key),
+        verify=client_verify(TlsOptions(ca=options.tls_ca)),
     ) as client:
         probe = Server(client, options.model or "", options.admin_token, options.timeout_s)
         facts = await _facts(probe, url, options)

@@ -25,16 +25,14 @@ from typing import Any, Protocol
 
 import httpx
 
+from warmfleet_cli.bench_serve.counters import Counters, parse_prometheus_counters
 from warmfleet_cli.bench_serve.prompt_sets import BenchPrompt, PromptSet
 from warmfleet_cli.bench_serve.stats import CellStats, RequestResult, cell_stats
 from warmfleet_common import __version__
+from warmfleet_common.tls import TlsOptions, client_verify
 
 CACHE_POLICIES = ("preserve", "clear-before-run")
 # Prometheus counters of prefix-cache tokens (hits, lookups): warmfleet's, then vLLM's.
-_PROMETHEUS_COUNTERS = (
-    ("warmfleet_prefix_cache_hit_tokens", "warmfleet_prefix_cache_queried_tokens"),
-    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
-)
 _POLL_S = 0.25
 DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
 
@@ -112,6 +110,8 @@ class BenchOptions:
     cache_policy: str = "preserve"
     admin_token: str | None = None
     timeout_s: float = 600.0
+    api_key: str | None = None  # a client key: sent with every request but the admin's
+    tls_ca: str | None = None  # what an https server is verified with
 
     def __post_init__(self) -> None:
         if not self.prompt_sets:
@@ -130,12 +130,6 @@ class ServerInfo:
     model: str
     software: str  # "warmfleet 0.1.0", or the HTTP Server header
     counters: str  # where hit counters come from: "/v1/status", "/metrics" or ""
-
-
-@dataclass(frozen=True)
-class Counters:
-    hit_tokens: float
-    queried_tokens: float
 
 
 @dataclass
@@ -162,6 +156,15 @@ def base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def client_headers(api_key: str | None) -> dict[str, str]:
+    """Every request's: who is asking, and its client key (in both APIs' headers: an
+    admin route's own Authorization replaces it)."""
+    headers = {"User-Agent": f"warmfleet-bench/{__version__}"}
+    if api_key:
+        headers |= {"Authorization": f"Bearer {api_key}", "x-api-key": api_key}
+    return headers
+
+
 def run(options: BenchOptions, progress: Progress | None = None) -> BenchRun:
     return asyncio.run(run_async(options, progress or NoProgress()))
 
@@ -170,9 +173,13 @@ async def run_async(options: BenchOptions, progress: Progress) -> BenchRun:
     url = base_url(options.url)
     limits = httpx.Limits(max_connections=max(options.concurrency) + 4)
     timeout = httpx.Timeout(options.timeout_s, connect=10.0)
-    headers = {"User-Agent": f"warmfleet-bench/{__version__}"}
+    headers = client_headers(options.api_key)
     async with httpx.AsyncClient(
-        base_url=url, limits=limits, timeout=timeout, headers=headers
+        base_url=url,
+        limits=limits,
+        timeout=timeout,
+        headers=headers,
+        verify=client_verify(TlsOptions(ca=options.tls_ca)),
     ) as client:
         server = await _probe(client, url, options, progress)
         bench = BenchRun(
@@ -352,25 +359,6 @@ async def _counters(client: httpx.AsyncClient, source: str) -> Counters | None:
         if response.status_code != 200:
             return None
         return parse_prometheus_counters(response.text)
-    return None
-
-
-def parse_prometheus_counters(text: str) -> Counters | None:
-    """Prefix-cache hit and lookup token counters (summed over labels) from a
-    Prometheus exposition, warmfleet's or vLLM's names."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name.removesuffix("_total")
-                totals[name] = totals.get(name, 0.0) + float(sample.value)
-    except (ValueError, TypeError):
-        return None
-    for hits, queries in _PROMETHEUS_COUNTERS:
-        if hits in totals and queries in totals:
-            return Counters(totals[hits], totals[queries])
     return None
 
 

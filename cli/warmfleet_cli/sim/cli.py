@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from warmfleet_cli.sim import report
+
 
 @dataclass(frozen=True)
 class Verb:
@@ -248,10 +250,206 @@ def run_replay(args: argparse.Namespace) -> int:
     for event in result["node_events_not_applied"]:
         print(
             f"warmfleet sim replay: {event['event']} at trace second {event['t']:.0f} not "
-            "applied (node events need control of the fleet's processes: not built yet)",
+            "applied (`warmfleet sim run` starts a fleet and applies them)",
             file=sys.stderr,
         )
     return 1 if result["failed"] else 0
+
+
+RUN_DESCRIPTION = """\
+Run a trace against a simulated fleet, start to report: start --nodes simulated Macs of
+--profile (many to a process), the operator in local mode and the router (--policy); warm
+the agents' heads a team would have captured before the day (--no-warm-sets: none); replay
+the trace closed-loop at its compression; apply its node events to the fleet's processes
+(a node killed, nodes added, a rolling restart in batches); sample the router, the nodes
+and the operator; write DIR/run.json, rows.jsonl, events.jsonl, samples.jsonl,
+summary.json and DIR/report/. A run the machine could not keep up with is marked invalid
+(run.json `valid`, the report's first line) and exits 3."""
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from warmfleet_cli.local_fleet import MAX_NODES
+
+    p.add_argument("trace", metavar="TRACE", help="a trace file (`warmfleet sim trace`)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the run directory")
+    p.add_argument("--profile", required=True, metavar="NAME|FILE", help="the Macs' profile")
+    p.add_argument(
+        "--nodes", type=int, default=10, help=f"simulated Macs (10; at most {MAX_NODES['sim']})"
+    )
+    p.add_argument(
+        "--policy",
+        choices=["prefix", "least-load", "round-robin", "session"],
+        default="prefix",
+        help="the router's (prefix)",
+    )
+    p.add_argument(
+        "--no-warm-sets",
+        dest="warm",
+        action="store_false",
+        help="no WarmPromptSet (default: the agents' heads at the day's start, captured)",
+    )
+    p.add_argument("--sim-speed", type=float, metavar="X", help="default: the trace's compression")
+    p.add_argument("--sim-per-process", type=int, default=50, metavar="N", help="(50)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="the router's; the nodes the next")
+    p.add_argument("--sessions", type=int, metavar="N", help="only the first N sessions")
+    p.add_argument(
+        "--restart-batch", type=int, metavar="N", help="nodes restarted at once (a tenth)"
+    )
+    p.add_argument("--cache-memory-mb", type=int, help="each node's (default: the profile's)")
+    p.add_argument("--max-num-seqs", type=int, metavar="N", help="each node's (serve's default)")
+    p.add_argument(
+        "--disk-tier",
+        action="store_true",
+        help="each node keeps a disk tier and its warm snapshots (under DIR/state), so a "
+        "restarted node reads its blocks back",
+    )
+    p.add_argument("--sample-every", type=float, default=5.0, metavar="S", help="wall s (5)")
+    p.add_argument("--label", help='the run\'s name in reports (default "POLICY, warm sets")')
+    p.add_argument("--no-report", dest="report", action="store_false", help="no DIR/report/")
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from warmfleet_cli.sim.run import RunError, RunOptions, main_say
+    from warmfleet_cli.sim.run import run as run_trace_on_fleet
+
+    if args.nodes < 1 or (args.sessions is not None and args.sessions < 1):
+        print("warmfleet sim run: --nodes >= 1, --sessions >= 1", file=sys.stderr)
+        return 2
+    if (args.sim_speed is not None and args.sim_speed <= 0) or args.sample_every <= 0:
+        print("warmfleet sim run: --sim-speed and --sample-every must be > 0", file=sys.stderr)
+        return 2
+    options = RunOptions(
+        trace=Path(args.trace),
+        out=Path(args.out),
+        profile=args.profile,
+        nodes=args.nodes,
+        policy=args.policy,
+        warm=args.warm,
+        speed=args.sim_speed,
+        sim_per_process=args.sim_per_process,
+        host=args.host,
+        port=args.port,
+        sessions=args.sessions,
+        sample_every_s=args.sample_every,
+        restart_batch=args.restart_batch,
+        label=args.label,
+        cache_memory_mb=args.cache_memory_mb,
+        report=args.report,
+        max_num_seqs=args.max_num_seqs,
+        disk_tier=args.disk_tier,
+    )
+    try:
+        meta = run_trace_on_fleet(options, main_say)
+    except RunError as exc:
+        print(f"warmfleet sim run: {exc}", file=sys.stderr)
+        return 2
+    summary = (Path(args.out) / "summary.json").read_text()
+    print(summary, end="")
+    if not meta.get("valid", False):
+        main_say(f"INVALID: {meta.get('invalid_reason')}")
+        return 3
+    return 0
+
+
+PLAN_DESCRIPTION = """\
+How many Macs for how many developers: the smallest simulated fleet of --profile's Macs
+that keeps the first request's time to first token (p95, the Mac's seconds) under
+--target for --developers developers' Claude Code and Codex sessions over --start to
+--end (the busy hours; no fleet events). Each fleet size is a `warmfleet sim run` of the
+same trace (DIR/nodes-N/); sizes are doubled from --min-nodes until one meets the
+target, then bisected. Prints the table it decided from and writes DIR/plan.json.
+Exit 0: decided; 1: no size up to --max-nodes met the target; 3: a run this machine
+could not keep up with (lower --compress)."""
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    from warmfleet_cli.local_fleet import MAX_NODES
+
+    p.description = PLAN_DESCRIPTION
+    p.add_argument("--profile", required=True, metavar="NAME|FILE", help="the Macs' profile")
+    p.add_argument("--developers", type=int, required=True, metavar="N")
+    p.add_argument(
+        "--target", type=float, required=True, metavar="S",
+        help="first-request TTFT p95, the Mac's seconds",
+    )  # fmt: skip
+    p.add_argument("--out", required=True, metavar="DIR", help="the trace, each run, plan.json")
+    p.add_argument("--start", type=hour, default=9.0, metavar="HH:MM", help="(9:00)")
+    p.add_argument("--end", type=hour, default=11.0, metavar="HH:MM", help="(11:00)")
+    p.add_argument(
+        "--compress", type=float, default=24.0, metavar="X",
+        help="the simulation's speed-up over the Macs (24); lower it if runs are invalid",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="(0)")
+    p.add_argument("--claude-share", type=float, metavar="F", help="(0.63)")
+    p.add_argument("--sessions-per-day", type=float, metavar="F", help="per developer (4.2)")
+    p.add_argument("--context-tokens", type=int, default=65_536, metavar="N", help="(65536)")
+    p.add_argument("--min-nodes", type=int, default=1, metavar="N", help="(1)")
+    p.add_argument(
+        "--max-nodes", type=int, default=MAX_NODES["sim"], metavar="N",
+        help=f"({MAX_NODES['sim']})",
+    )  # fmt: skip
+    p.add_argument(
+        "--policy", choices=["prefix", "least-load", "round-robin", "session"], default="prefix"
+    )
+    p.add_argument("--no-warm-sets", dest="warm", action="store_false")
+    p.add_argument("--cache-memory-mb", type=int, help="each Mac's (default: the profile's)")
+    p.add_argument("--port", type=int, default=8000, help="the router's; the Macs the next")
+    p.add_argument("--sim-per-process", type=int, default=50, metavar="N", help="(50)")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from warmfleet_cli.local_fleet import MAX_NODES
+    from warmfleet_cli.sim.plan import PlanOptions, plan, table
+    from warmfleet_cli.sim.run import RunError
+    from warmfleet_cli.sim.trace import TraceParams
+
+    if args.developers < 1 or args.target <= 0 or not 1 <= args.min_nodes <= args.max_nodes:
+        print("warmfleet plan: --developers >= 1, --target > 0, "
+              "1 <= --min-nodes <= --max-nodes", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.max_nodes > MAX_NODES["sim"]:
+        print(f"warmfleet plan: --max-nodes at most {MAX_NODES['sim']}", file=sys.stderr)
+        return 2
+    trace = TraceParams(
+        developers=args.developers, seed=args.seed, day_start=args.start, day_end=args.end,
+        compress=args.compress, context_tokens=args.context_tokens,
+    )  # fmt: skip
+    for name in ("claude_share", "sessions_per_day"):
+        if getattr(args, name) is not None:
+            trace = replace(trace, **{name: getattr(args, name)})
+    try:
+        trace.check()
+    except ValueError as exc:
+        print(f"warmfleet plan: {exc}", file=sys.stderr)
+        return 2
+    options = PlanOptions(
+        profile=args.profile, developers=args.developers, target_p95_s=args.target,
+        out=Path(args.out), trace=trace, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+        policy=args.policy, warm=args.warm, port=args.port,
+        sim_per_process=args.sim_per_process, cache_memory_mb=args.cache_memory_mb,
+    )  # fmt: skip
+
+    def say(line: str) -> None:
+        print(f"warmfleet plan: {line}", file=sys.stderr, flush=True)
+
+    try:
+        decided = plan(options, say)
+    except RunError as exc:
+        print(f"warmfleet plan: {exc}", file=sys.stderr)
+        return 2
+    print(table(decided, args.target))
+    print()
+    print(f"{args.developers} developers, {args.profile}, first-request TTFT p95 <= "
+          f"{args.target:g} s: {decided.reason}")  # fmt: skip
+    if decided.nodes is not None:
+        return 0
+    return 3 if any(not t.valid for t in decided.trials) else 1
 
 
 VERBS: dict[str, Verb] = {
@@ -268,6 +466,13 @@ VERBS: dict[str, Verb] = {
         "requests and later ones, in the profiled Mac's seconds) and hit rates.",
         add_replay_arguments,
         run_replay,
+    ),
+    "report": Verb(report.HELP, report.DESCRIPTION, report.add_arguments, report.run),
+    "run": Verb(
+        "run a trace on a simulated fleet it starts, node events applied; its report",
+        RUN_DESCRIPTION,
+        add_run_arguments,
+        run_run,
     ),
 }
 

@@ -22,7 +22,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ import httpx
 
 from warmfleet_cli.sim.bodies import BodyOptions, SessionBodies
 from warmfleet_cli.sim.trace import Record
+from warmfleet_common import bounded
 
 NODE_EVENTS = ("node-lost", "nodes-added", "rolling-restart")
 
@@ -52,6 +53,8 @@ class Outcome:
     cached_tokens: int = 0
     cached_by_tier: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    node: str | None = None  # the router's backend (x-warmfleet-backend)
+    reason: str | None = None  # why the router chose it (x-warmfleet-route-reason)
 
     @property
     def first(self) -> bool:
@@ -95,10 +98,14 @@ async def replay(
     records: Iterable[Record],
     options: ReplayOptions,
     done: Callable[[Outcome], None] = lambda _: None,
+    alongside: Callable[[float], Awaitable[None]] | None = None,
+    also: Callable[[float], Awaitable[None]] | None = None,
 ) -> tuple[list[Outcome], list[Record]]:
     """Every session of the trace replayed; the outcomes in send order, and the node
-    events that were not applied. `done` sees each outcome as its response ends (a long
-    run's rows are kept as they come)."""
+    events (for `also` to apply, or not applied). `done` sees each outcome as its
+    response ends (a long run's rows are kept as they come). `also(start)` runs with
+    the sessions (`start`: the replay's start on the monotonic clock) and the replay
+    ends when both have; `alongside(start)` runs until then and is cancelled."""
     by_session: dict[str, list[Record]] = {}
     skipped: list[Record] = []
     for record in records:
@@ -111,13 +118,26 @@ async def replay(
         chosen = chosen[: options.sessions]
     bodies = BodyOptions.of(header, options.model)
     outcomes: list[Outcome] = []
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    keep = bounded.CLIENT_KEEP_ALIVE_S  # shorter than the router's: no reused dead connection
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=256, keepalive_expiry=keep
+    )
     timeout = httpx.Timeout(options.timeout_s, connect=30.0)
     async with httpx.AsyncClient(base_url=options.url, limits=limits, timeout=timeout) as client:
         start = time.monotonic()
-        await asyncio.gather(
-            *(_session(client, steps, bodies, options, start, outcomes, done) for steps in chosen)
-        )
+        beside = asyncio.ensure_future(alongside(start)) if alongside is not None else None
+        try:
+            await asyncio.gather(
+                *(
+                    _session(client, steps, bodies, options, start, outcomes, done)
+                    for steps in chosen
+                ),
+                *([also(start)] if also is not None else []),
+            )
+        finally:
+            if beside is not None:
+                beside.cancel()
+                await asyncio.gather(beside, return_exceptions=True)
     outcomes.sort(key=lambda o: o.sent_s)
     return outcomes, skipped
 
@@ -178,6 +198,8 @@ async def _send(
     text: list[str] = []
     async with client.stream("POST", path, headers=headers, json=body) as response:
         outcome.status = response.status_code
+        outcome.node = response.headers.get("x-warmfleet-backend")
+        outcome.reason = response.headers.get("x-warmfleet-route-reason")
         if response.status_code != 200:
             detail = (await response.aread()).decode(errors="replace")[:300]
             raise ValueError(f"HTTP {response.status_code}: {detail}")

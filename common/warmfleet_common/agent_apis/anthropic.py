@@ -391,6 +391,13 @@ class MessagesRequest(_PromptOptions):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="vLLM's, as a warmfleet extension: this request's cache blocks are "
+        "keyed apart from every request without the same salt (isolation within a tenant)",
+    )
 
     @field_validator("stop_sequences")
     @classmethod

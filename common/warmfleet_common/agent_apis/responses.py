@@ -269,6 +269,13 @@ class ResponsesRequest(ResponsesPrompt):
     truncation: Literal["disabled"] | None = None
     user: str | None = Field(None, max_length=256, description="recorded in the daemon's logs")
     safety_identifier: str | None = Field(None, max_length=256, description="as `user`")
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="vLLM's, as a warmfleet extension: this request's cache blocks are "
+        "keyed apart from every request without the same salt (isolation within a tenant)",
+    )
 
     @field_validator("store")
     @classmethod

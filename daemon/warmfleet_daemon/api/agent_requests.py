@@ -83,13 +83,14 @@ async def agent_request(
     stop: tuple[str, ...] = (),
     user: str | None = None,
     operation: str = "chat",
+    cache_salt: str | None = None,
 ) -> AgentRequest:
     """Render and check an agent request. `max_tokens` beyond what the context leaves
     (or --max-output-tokens) is served up to that (None: up to it); 0 only prefills the
     prompt (its blocks are stored, nothing is generated)."""
     rules = OutputRules(chat.tools, options)
     grammar, stops = await run_in_threadpool(output_constraints, ready, rules)
-    prompt = await render_agent_prompt(ready, chat, options, http)
+    prompt = gen.salted(await render_agent_prompt(ready, chat, options, http), cache_salt)
     room = ready.model.context_length - len(prompt.tokens)
     if settings.max_output_tokens is not None:
         room = min(room, settings.max_output_tokens)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from warmfleet_common import __version__
+from warmfleet_common.client_keys import KeysFile
 from warmfleet_daemon.api import (
     openapi,
     routes_anthropic,
@@ -21,6 +22,7 @@ from warmfleet_daemon.api import (
 )
 from warmfleet_daemon.api.errors import BodySizeLimit, CatchUnexpected, install_error_handlers
 from warmfleet_daemon.api.spill import SpillPeer
+from warmfleet_daemon.api.tenants import ClientAuth
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.runtime.assembly import DaemonState
 from warmfleet_daemon.settings import DaemonSettings
@@ -51,6 +53,9 @@ def create_app(settings: DaemonSettings, *, engine: Engine | None = None) -> Fas
     openapi.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(SpillPeer, settings=settings)
+    # Before anything else reads the request: no key, no work (and no peer check).
+    keys = KeysFile(settings.api_keys_file) if settings.api_keys_file else None
+    app.add_middleware(ClientAuth, settings=settings, keys=keys)
     app.add_middleware(CatchUnexpected)  # added last: the outermost
     app.include_router(routes_openai.router)
     app.include_router(routes_anthropic.router)

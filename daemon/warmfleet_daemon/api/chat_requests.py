@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.agent_apis.chat import ChatOptions
 from warmfleet_common.prompts import PromptError, PromptTooLong, RenderedPrompt
+from warmfleet_common.wire import STREAM_USAGE_COMMENT
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.constraints import OutputRules, output_constraints
 from warmfleet_daemon.api.errors import APIError, error_body
@@ -81,6 +82,7 @@ async def chat_request(
     except PromptError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
+    prompt = gen.salted(prompt, body.cache_salt)
     return _request(
         ready, prompt, body, max_tokens, settings, "messages", "chat", grammar=grammar, stops=stops
     )
@@ -98,6 +100,7 @@ async def completion_request(
     vocab = len(ready.model.tokenizer)
     if any(not 0 <= t < vocab for t in prompt.tokens):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+    prompt = gen.salted(prompt, body.cache_salt)
     return _request(ready, prompt, body, body.max_tokens, settings, "prompt", "text_completion")
 
 
@@ -182,10 +185,12 @@ def streaming_response(
     choice: Callable[[int], Callable[[Event], list[dict[str, Any]]]],
     first: Callable[[int], dict[str, Any]] | None,
     include_usage: bool,
+    usage_comment: bool = False,
 ) -> StreamingResponse:
     """OpenAI server-sent events: `base` fields on every chunk; `choice(i)` turns choice
     i's events into its chunks' choice objects (`first(i)`: an opening one, e.g. the
-    assistant role); the usage chunk last when asked. Closing the stream (client gone)
+    assistant role); the usage chunk last when asked, else, for the router
+    (`usage_comment`), the usage as an SSE comment. Closing the stream (client gone)
     cancels the requests."""
 
     async def events() -> AsyncGenerator[bytes, None]:
@@ -206,9 +211,13 @@ def streaming_response(
                     yield _data({**base, "choices": [rendered]}, include_usage)
                 if event.finish_reason is not None:
                     finals[index] = event
-        if include_usage and not failed:
+        if (include_usage or usage_comment) and not failed:
             usage = usage_info(gen.total_usage([finals[i] for i in sorted(finals)])).model_dump()
-            yield _data({**base, "choices": [], "usage": usage}, False)
+            if include_usage:
+                yield _data({**base, "choices": [], "usage": usage}, False)
+            else:
+                comment = json.dumps({"usage": usage}, separators=(",", ":")).encode()
+                yield STREAM_USAGE_COMMENT + comment + b"\n\n"
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(

@@ -20,9 +20,10 @@ from warmfleet_daemon.warming.next_turn import Continuation, tool_call_ids
 _ITEMS = TypeAdapter(list[InputItem])
 
 
-def chat(ready: Ready, body: ChatCompletionRequest, answer: dict[str, Any]) -> None:
+def chat(ready: Ready, body: ChatCompletionRequest, answer: dict[str, Any], salt: bytes) -> None:
     """After a chat completion (one choice): `answer` is its message, content and
-    tool calls as returned (reasoning is not sent back by OpenAI clients)."""
+    tool calls as returned (reasoning is not sent back by OpenAI clients); `salt`: the
+    request's, which the next turn is keyed with too."""
     if ready.next_turn is None or body.n != 1:
         return
 
@@ -32,12 +33,15 @@ def chat(ready: Ready, body: ChatCompletionRequest, answer: dict[str, Any]) -> N
         )
         messages = [m.as_template_message() for m in [*body.messages, message]]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        return Continuation(messages, tools, None, tool_call_ids(answer.get("tool_calls") or []))
+        ids = tool_call_ids(answer.get("tool_calls") or [])
+        return Continuation(messages, tools, None, ids, salt)
 
     ready.next_turn.after(build)
 
 
-def messages(ready: Ready, body: MessagesRequest, blocks: Sequence[dict[str, Any]]) -> None:
+def messages(
+    ready: Ready, body: MessagesRequest, blocks: Sequence[dict[str, Any]], salt: bytes
+) -> None:
     """After an Anthropic message: `blocks` is its content as returned."""
     if ready.next_turn is None or not blocks:
         return
@@ -47,13 +51,15 @@ def messages(ready: Ready, body: MessagesRequest, blocks: Sequence[dict[str, Any
         prompt = body.model_copy(update={"messages": [*body.messages, answer]}).chat()
         ids = tuple(b["id"] for b in blocks if b.get("type") == "tool_use")
         return Continuation(
-            prompt.messages, prompt.tools, prompt.template_kwargs(body.options()), ids
+            prompt.messages, prompt.tools, prompt.template_kwargs(body.options()), ids, salt
         )
 
     ready.next_turn.after(build)
 
 
-def responses(ready: Ready, body: ResponsesRequest, output: Sequence[dict[str, Any]]) -> None:
+def responses(
+    ready: Ready, body: ResponsesRequest, output: Sequence[dict[str, Any]], salt: bytes
+) -> None:
     """After a Responses response: `output` is its items as returned."""
     if ready.next_turn is None or not output:
         return
@@ -68,7 +74,7 @@ def responses(ready: Ready, body: ResponsesRequest, output: Sequence[dict[str, A
         prompt = body.model_copy(update={"input": items}).chat()
         ids = tuple(i["call_id"] for i in output if i.get("type") == "function_call")
         return Continuation(
-            prompt.messages, prompt.tools, prompt.template_kwargs(body.options()), ids
+            prompt.messages, prompt.tools, prompt.template_kwargs(body.options()), ids, salt
         )
 
     ready.next_turn.after(build)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from warmfleet_common.grants import GRANT_HEADER, grant_refusal, grant_url, urls_reached_at
+from warmfleet_common.tls import peer_verified
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.runtime.assembly import DaemonState, Ready
 
@@ -31,9 +32,21 @@ StateDep = Annotated[DaemonState, Depends(get_state)]
 ReadyDep = Annotated[Ready, Depends(get_ready)]
 
 
+def require_client_certificate(request: Request, state: StateDep) -> None:
+    """With --tls-client-ca, the admin, warm-set and peer routes also need a client
+    certificate that CA signed (mTLS), whatever token or grant comes with them."""
+    if state.settings.tls_client_ca and not peer_verified(request.scope):
+        raise APIError(
+            403,
+            "this route needs a client certificate signed by the daemon's --tls-client-ca",
+            code="client_certificate_required",
+        )
+
+
 def require_admin(request: Request, state: StateDep) -> None:
     """Admin routes need `Authorization: Bearer <token>` when a token is configured
     (compared in constant time). Without one the daemon only binds to loopback."""
+    require_client_certificate(request, state)
     token = state.settings.admin_token
     if not token:
         return
@@ -45,6 +58,7 @@ def require_peer_reader(request: Request, state: StateDep) -> None:
     (`x-warmfleet-peer-grant`) for the URL this request was addressed to (or one of
     `--public-url`), signed with this daemon's admin token and not expired. A grant that
     fails is a 401."""
+    require_client_certificate(request, state)
     token = state.settings.admin_token
     if not token:
         return
@@ -71,6 +85,7 @@ def is_admin(request: Request, state: StateDep) -> bool:
     if "authorization" not in request.headers:
         return False
     _check_token(request, token)
+    require_client_certificate(request, state)
     return True
 
 

@@ -21,11 +21,13 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.prompts import RenderedPrompt
+from warmfleet_common.tenancy import cache_salt
 from warmfleet_common.tiers import Tier
 from warmfleet_daemon.api.channels import ChannelSplitter, writes_channels
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.output import OutputSplitter, Splitter, starts_thinking, thinking_markers
 from warmfleet_daemon.api.spill import current_peer
+from warmfleet_daemon.api.tenants import current_tenant
 from warmfleet_daemon.api.tool_calls import ToolCallParser, tool_format
 from warmfleet_daemon.engine.processors import TokenLogprob
 from warmfleet_daemon.engine.requests import Event, GenerationRequest, Usage
@@ -56,6 +58,11 @@ async def while_connected(
         if http is not None and await http.is_disconnected():
             gone.set()
             raise APIError(499, "client closed the request", code="client_closed")
+
+
+def salted(prompt: RenderedPrompt, request_salt: str | None) -> RenderedPrompt:
+    """`prompt` keyed in its tenant's namespace (and its own `cache_salt`'s)."""
+    return replace(prompt, salt=cache_salt(current_tenant(), request_salt))
 
 
 def copies(request: GenerationRequest, n: int) -> list[GenerationRequest]:

@@ -71,11 +71,13 @@ async def messages(
         top_k=body.top_k,
         stop=tuple(body.stop_sequences or ()),
         user=body.metadata.user_id[:256] if body.metadata and body.metadata.user_id else None,
+        cache_salt=body.cache_salt,
     )
+    salt = request.prompt.salt
     model = state.served_name()
 
     def answered(blocks: list[dict[str, Any]]) -> None:
-        continuations.messages(ready, body, blocks)
+        continuations.messages(ready, body, blocks, salt)
 
     if body.stream:
         return StreamingResponse(
@@ -87,7 +89,7 @@ async def messages(
     agent_requests.hold_breakpoints(ready, request)
     answer = anthropic.message(ready, request, model, done.text, done.final, done.tokens)
     if done.final.finish_reason in choices.ANSWERED:
-        continuations.messages(ready, body, answer["content"])
+        continuations.messages(ready, body, answer["content"], salt)
     return answer
 
 

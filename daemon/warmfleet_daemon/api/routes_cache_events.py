@@ -141,6 +141,8 @@ async def cache_events(
                 except asyncio.TimeoutError:
                     yield event_line(EventsHeartbeat(seq=last))
                     continue
+                if event is None and subscription.ended:  # the daemon is stopping
+                    return
                 if event is None:  # this subscriber fell too far behind
                     yield event_line(EventsReset(reason="overflow"))
                     return

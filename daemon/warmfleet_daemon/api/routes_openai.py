@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from warmfleet_common.wire import STREAM_USAGE_HEADER
 from warmfleet_daemon.api import chat_requests, choices, continuations
 from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.deps import ReadyDep, StateDep
@@ -54,7 +55,7 @@ async def chat_completions(
             out = render(event)
             answer.add(out)
             if event.finish_reason in choices.ANSWERED:
-                continuations.chat(ready, body, answer.message())
+                continuations.chat(ready, body, answer.message(), request.prompt.salt)
             return out
 
         return rendered
@@ -72,6 +73,7 @@ async def chat_completions(
                 "logprobs": None,
             },
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            usage_comment=STREAM_USAGE_HEADER in http.headers,
         )
     done = await gen.collect(ready, requests, http)
     completion = ChatCompletion(
@@ -82,7 +84,9 @@ async def chat_completions(
         usage=chat_requests.usage_info(gen.total_usage([c.final for c in done])),
     )
     if done[0].final.finish_reason in choices.ANSWERED:
-        continuations.chat(ready, body, completion.choices[0].message.model_dump())
+        continuations.chat(
+            ready, body, completion.choices[0].message.model_dump(), request.prompt.salt
+        )
     return completion
 
 
@@ -102,6 +106,7 @@ async def completions(
             choice=lambda i: choices.completion_deltas(i, token_bytes),
             first=None,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            usage_comment=STREAM_USAGE_HEADER in http.headers,
         )
     done = await gen.collect(ready, requests, http)
     return Completion(

@@ -38,7 +38,9 @@ async def create_response(
         temperature=body.temperature,
         top_p=body.top_p,
         user=body.user or body.safety_identifier or body.prompt_cache_key,
+        cache_salt=body.cache_salt,
     )
+    salt = request.prompt.salt
     model = state.served_name()
     headers = (
         {"x-warmfleet-tools-left-out": ",".join(body.hosted_tools())} if body.hosted_tools() else {}
@@ -50,7 +52,7 @@ async def create_response(
                 body,
                 request,
                 model,
-                lambda output: continuations.responses(ready, body, output),
+                lambda output: continuations.responses(ready, body, output, salt),
             ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
@@ -58,5 +60,5 @@ async def create_response(
     done = (await gen.collect(ready, [request.generation], http))[0]
     answer = responses.response(ready, body, request, model, done.text, done.final)
     if done.final.finish_reason in choices.ANSWERED:
-        continuations.responses(ready, body, answer["output"])
+        continuations.responses(ready, body, answer["output"], salt)
     return JSONResponse(answer, headers=headers)

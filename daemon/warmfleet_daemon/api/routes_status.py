@@ -14,9 +14,16 @@ from pydantic import BaseModel
 
 from warmfleet_common import __version__
 from warmfleet_common.contract import PromptState
-from warmfleet_common.wire import DaemonStatus, StatusCache, StatusModel, WarmSetCounts
+from warmfleet_common.wire import (
+    DaemonStatus,
+    StatusCache,
+    StatusModel,
+    StatusSim,
+    WarmSetCounts,
+)
 from warmfleet_daemon.api.deps import IsAdminDep, ReadyDep, StateDep
 from warmfleet_daemon.api.openapi import errors
+from warmfleet_daemon.sim.engine import SimEngine
 
 router = APIRouter()
 
@@ -110,6 +117,10 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
         ),
         # Where recent misses diverge (no prompt text: that is on /v1/cache/diagnostics).
         diagnostics=ready.diagnostics.summary(),
+        # A simulated daemon's charged time and how late it ran (inflating every time).
+        sim=StatusSim(**asdict(ready.engine.clock.stats()))
+        if isinstance(ready.engine, SimEngine)
+        else None,
     )
 
 

@@ -64,6 +64,13 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM extension
     store: bool | None = Field(None, description="false or null: nothing is stored")
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="vLLM's: this request's cache blocks are keyed apart from every request "
+        "without the same salt (isolation within a tenant)",
+    )
 
     @field_validator("store")
     @classmethod

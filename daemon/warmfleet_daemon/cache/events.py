@@ -11,6 +11,7 @@ whether a block carries its final logits, through `has_logits`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections import deque
@@ -94,6 +95,12 @@ class Subscription:
         self._loop = loop
         self.queue: asyncio.Queue[CacheEvent | None] = asyncio.Queue()
         self.overflowed = False
+        self.ended = False  # the daemon is stopping: the stream ends, its subscriber resyncs
+
+    def end(self) -> None:
+        self.ended = True
+        with contextlib.suppress(RuntimeError):  # the subscriber's loop has closed
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, None)
 
     def push(self, event: CacheEvent) -> None:
         if self.overflowed:
@@ -193,6 +200,14 @@ class CacheEventLog(Generic[P]):
     def unsubscribe(self, subscription: Subscription) -> None:
         with self._lock:
             self._subscribers.discard(subscription)
+
+    def end_streams(self) -> None:
+        """End every subscriber's stream (the daemon is stopping: a stream that waits for
+        events would hold its connection, and the server's stop, until cut)."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for subscription in subscribers:
+            subscription.end()
 
     def tier_listener(self, tier: Tier) -> TierListener:
         """What a tier beyond RAM tells of its blocks, as events in `tier`."""

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
-from warmfleet_common.chunking import Chunk, plan_chunks, root_key
+from warmfleet_common.chunking import BlockKey, Chunk, plan_chunks, root_key
 from warmfleet_common.prompts import RenderedPrompt
 from warmfleet_common.tiers import TIERS
 from warmfleet_daemon.cache.prefix_cache import PrefixCache
@@ -70,6 +70,9 @@ class Engine:
         # The cache tiers, fastest first: RAM, then those the assembly attaches.
         self.tiers: list[CacheTier] = [RamTier(self.cache)]
         self._root = root_key(f"{loaded.name}|{loaded.source}")
+        # Unsalted keys of the fleet-wide warm prompts' blocks (the warm manager sets it):
+        # a tenant's prompt uses them for the run it shares with one (`chunking`).
+        self.shared: frozenset[BlockKey] = frozenset()
         self.scheduler = Scheduler(config)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -201,9 +204,15 @@ class Engine:
         self.scheduler.enqueue(seq)
 
     def plan(self, prompt: RenderedPrompt) -> list[Chunk]:
-        """The chunks (= cache blocks) this prompt is prefilled in."""
+        """The chunks (= cache blocks) this prompt is prefilled in, keyed in its salt's
+        namespace but for a run shared with a fleet-wide warm prompt."""
         return plan_chunks(
-            prompt.tokens, block_size=self.config.block_size, cuts=prompt.cuts, root=self._root
+            prompt.tokens,
+            block_size=self.config.block_size,
+            cuts=prompt.cuts,
+            root=self._root,
+            salt=prompt.salt,
+            shared=self.shared,
         )
 
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -51,8 +52,16 @@ class DeadlinePassed(PeerLimit):
 
 
 class PeerClient:
-    def __init__(self, codec: BlockCodec, *, token: str | None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        codec: BlockCodec,
+        *,
+        token: str | None,
+        timeout_s: float = 30.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.codec = codec
+        self.verify: ssl.SSLContext | bool = tls if tls is not None else True
         self.headers = {"Accept-Encoding": "identity"}  # caps count what is held, not zipped
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -81,6 +90,9 @@ class PeerClient:
                 block_size=int(info["block_size"]),
                 cuts=prompt.cuts,
                 root=bytes.fromhex(info["root"]),
+                salt=prompt.salt,
+                # The run this daemon shares with a fleet-wide warm prompt, the peer too.
+                shared=frozenset(c.key for c in chunks),
             )
             if [(c.start, c.end) for c in planned] != [(c.start, c.end) for c in chunks]:
                 log.warning("peer %s plans this prompt differently; not copying", url)
@@ -126,7 +138,7 @@ class PeerClient:
             headers = {k: v for k, v in headers.items() if k != "Authorization"}
             headers[GRANT_HEADER] = grant
         try:
-            with httpx.Client(base_url=url, headers=headers) as http:
+            with httpx.Client(base_url=url, headers=headers, verify=self.verify) as http:
                 info = self._info(http, url, deadline)
                 theirs = plan(info) if info is not None else None
                 if theirs is None:

@@ -6,6 +6,7 @@ tiers; the assembly attaches them to the engine."""
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -41,26 +42,31 @@ class KVTransfer:
         snapshot_budget_bytes: int = 0,
         warm_from: Sequence[str] = (),
         peer_token: str | None = None,
+        peer_tls: ssl.SSLContext | None = None,
         peer_deadline_s: float = 120.0,
         cache_dir: str | Path | None = None,
         cache_disk_budget_bytes: int = 0,
         spill: SpillMode = "auto",
         spill_deadline_s: float = 30.0,
         costs: TierCosts | None = None,
+        codec: BlockCodec | None = None,
     ) -> None:
-        """Call before the engine thread starts (it probes the model). With `cache_dir`,
-        every block also goes to the disk tier there, and the engine reads it back once
-        `tiers` are attached to it."""
+        """Call before the engine thread starts (it probes the model, unless given the
+        `codec`: the simulated engine's). With `cache_dir`, every block also goes to the
+        disk tier there, and the engine reads it back once `tiers` are attached to it."""
         self.engine = engine
-        bits = engine.config.kv_bits
-        self.fingerprint = model_fingerprint(engine.loaded, engine.config.block_size, bits)
-        self.codec = BlockCodec(self.fingerprint, _probe_on_a_thread_of_its_own(engine))
+        if codec is None:
+            bits = engine.config.kv_bits
+            fingerprint = model_fingerprint(engine.loaded, engine.config.block_size, bits)
+            codec = BlockCodec(fingerprint, _probe_on_a_thread_of_its_own(engine))
+        self.codec = codec
+        self.fingerprint = codec.fingerprint
         self.snapshots = (
             SnapshotStore(state_dir, self.codec, snapshot_budget_bytes)
             if state_dir is not None and snapshot_budget_bytes > 0
             else None
         )
-        self.peers = PeerClient(self.codec, token=peer_token)
+        self.peers = PeerClient(self.codec, token=peer_token, tls=peer_tls)
         options = TierOptions(cache_dir, cache_disk_budget_bytes, spill, spill_deadline_s)
         # The tiers beyond RAM, fastest first, for the assembly to attach to the engine.
         self.tiers: list[CacheTier] = build_tiers(

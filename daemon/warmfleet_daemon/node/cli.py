@@ -19,7 +19,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("warmfleet")
 AddArguments = Callable[[argparse.ArgumentParser], None]
 # serve options naming files: made absolute when a service is installed (it runs elsewhere)
-PATH_OPTIONS = ("admin_token_file", "warm_prompts", "state_dir", "kubeconfig")
+PATH_OPTIONS = (
+    "admin_token_file",
+    "api_keys_file",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "tls_client_ca",
+    "tls_client_cert",
+    "tls_client_key",
+    "warm_prompts",
+    "state_dir",
+    "kubeconfig",
+)
 
 
 # -- serve --register -------------------------------------------------------------------
@@ -30,11 +42,16 @@ def add_register_arguments(p: argparse.ArgumentParser) -> None:
         "joining a Kubernetes fleet",
         "create or update this daemon's own WarmNode at start (never deletes anything)",
     )
-    g.add_argument("--register", metavar="NAME", help="this daemon's WarmNode name")
+    g.add_argument(
+        "--register",
+        metavar="NAME",
+        help="this daemon's WarmNode name (with --engine sim --nodes: NAME-I for each)",
+    )
     g.add_argument(
         "--advertise-url",
         metavar="URL",
-        help="where the operator reaches this daemon (default: http://HOSTNAME:PORT)",
+        help="where the operator reaches this daemon (default: http://HOSTNAME:PORT; "
+        "with --nodes, {port} stands for each daemon's port)",
     )
     g.add_argument("--labels", metavar="K=V[,K=V..]", help="labels of the WarmNode (pools to join)")
     g.add_argument(
@@ -82,6 +99,37 @@ def registration(args: argparse.Namespace, settings: DaemonSettings) -> Registra
         cache_budget_bytes=settings.cache_budget_bytes(),
         token_ref=parse_secret_ref(args.admin_token_secret) if args.admin_token_secret else None,
     )
+
+
+def register_members_if_asked(
+    args: argparse.Namespace, members: list[DaemonSettings]
+) -> str | None:
+    """`serve --engine sim --nodes N --register PREFIX`: each simulated daemon registers
+    its own WarmNode, named as it is (`PREFIX-I`), at `--advertise-url` with `{port}`
+    made its port; an error message if one failed (those before it stay registered)."""
+    from warmfleet_daemon.node.registration import RegistrationError, register
+
+    if not args.register:
+        return None
+    template = args.advertise_url
+    if template is not None and "{port}" not in template:
+        return (
+            "--advertise-url with --nodes: put {port} where each daemon's port goes "
+            "(http://HOST:{port})"
+        )
+    try:
+        for member in members:
+            one = argparse.Namespace(**vars(args))
+            one.register = member.daemon_name
+            one.advertise_url = template.replace("{port}", str(member.port)) if template else None
+            reg = registration(one, member)
+            if reg is not None:
+                register(reg, kubeconfig=args.kubeconfig)
+    except RegistrationError as exc:
+        return str(exc)
+    log.info("registered %d WarmNodes, %s to %s", len(members),
+             members[0].daemon_name, members[-1].daemon_name)  # fmt: skip
+    return None
 
 
 def register_if_asked(args: argparse.Namespace, settings: DaemonSettings) -> str | None:
@@ -223,6 +271,7 @@ def _install_spec(
         raise ServiceError("--run-as only applies with --system")
     for flag, path in (
         ("--admin-token-file", args.admin_token_file),
+        ("--api-keys-file", args.api_keys_file),
         ("--warm-prompts", args.warm_prompts),
         ("--kubeconfig", args.kubeconfig),
     ):
@@ -238,6 +287,9 @@ def _install_spec(
             if v is not None and k in fields and k != "log_level"
         }
         settings = DaemonSettings(**overrides)
+        tls_problem = settings.tls().problem()  # files missing, or a pair that does not load
+        if tls_problem:
+            raise ServiceError(f"{tls_problem} (the service would fail to start)")
         if not settings.binds_loopback() and not (
             args.admin_token_file or "WARMFLEET_ADMIN_TOKEN" in environment
         ):

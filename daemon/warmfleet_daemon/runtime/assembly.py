@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from warmfleet_common.perf_profile import load_profile
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_common.tiers import TierCosts
+from warmfleet_common.tls import client_verify
 from warmfleet_daemon.cache.events import CacheEventLog
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.kv import BlockPayload
@@ -58,12 +60,14 @@ class Ready:
         return self.engine.loaded
 
 
-def with_context(loaded: LoadedModel, max_context: int | None) -> LoadedModel:
+def with_context(
+    loaded: LoadedModel, max_context: int | None, simulated: bool = False
+) -> LoadedModel:
     """`--max-context N`: the context the daemon serves, whatever the model's config says
     (agents' first requests are longer than some small models' configured contexts)."""
     if max_context is None or max_context == loaded.context_length:
         return loaded
-    if max_context > loaded.context_length:
+    if max_context > loaded.context_length and not simulated:  # no output to worsen
         log.warning(
             "Serving %s with a %d-token context, beyond the %d tokens it was configured "
             "for (--max-context): past that, its output is untested by its authors",
@@ -88,6 +92,13 @@ class DaemonState:
     # process-wide settings, such as freezing the startup heap; see cli.serve).
     on_ready: list[Callable[[], None]] = field(default_factory=list)
     _thread: threading.Thread | None = None
+    # What peers are called with: their certificates verified with --tls-ca, this
+    # daemon's own presented (None: plain HTTP, the system's CAs for https peers).
+    tls_client: ssl.SSLContext | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        verify = client_verify(self.settings.tls())  # its certificate reloaded as it rotates
+        self.tls_client = verify if isinstance(verify, ssl.SSLContext) else None
 
     def start_loading(self, loader: Callable[[str], LoadedModel] = load_model) -> None:
         def run() -> None:
@@ -116,7 +127,7 @@ class DaemonState:
             return Engine(loaded, self.engine_config(loaded))
         assert settings.profile is not None  # the settings say so
         profile = load_profile(settings.profile)
-        loaded = with_context(simulated_model(profile), settings.max_context)
+        loaded = with_context(simulated_model(profile), settings.max_context, simulated=True)
         config = self.engine_config(loaded)
         config = dataclasses.replace(
             config,
@@ -150,39 +161,38 @@ class DaemonState:
         # Listening before anything is stored, so the log misses no block.
         events = CacheEventLog[BlockPayload](lambda payload: payload.logits is not None)
         engine.cache.listeners.append(events.record)
+        sim = isinstance(engine, SimEngine)  # a hundred of them may share the process
+        transfer = KVTransfer(  # probes the model (not a simulated one): before the engine runs
+            engine,
+            state_dir=settings.state_dir,
+            snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
+            warm_from=settings.warm_from,
+            peer_token=settings.admin_token,
+            peer_tls=self.tls_client,
+            peer_deadline_s=settings.warm_from_deadline_s,
+            cache_dir=settings.resolved_cache_dir(),
+            cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
+            spill=settings.spill,
+            spill_deadline_s=settings.spill_deadline_s,
+            codec=engine.codec() if isinstance(engine, SimEngine) else None,
+        )
+        for tier in transfer.tiers:  # the disk, the peer copies of a spill
+            engine.attach_tier(tier)
+            tier.listeners.append(events.tier_listener(tier.name))  # the router follows
         if isinstance(engine, SimEngine):
-            # No KV to move (its blocks are sizes): no disk tier, no peer copies yet.
-            transfer, costs = None, engine.tier_costs()
-            if settings.resolved_cache_dir():
-                log.info("The simulated engine has no disk tier (not simulated yet)")
+            costs = engine.tier_costs()  # the profiled machine's
         else:
-            transfer = KVTransfer(  # probes the model: before the engine thread starts
-                engine,
-                state_dir=settings.state_dir,
-                snapshot_budget_bytes=settings.snapshot_disk_mb * MiB,
-                warm_from=settings.warm_from,
-                peer_token=settings.admin_token,
-                peer_deadline_s=settings.warm_from_deadline_s,
-                cache_dir=settings.resolved_cache_dir(),
-                cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
-                spill=settings.spill,
-                spill_deadline_s=settings.spill_deadline_s,
-            )
-            for tier in transfer.tiers:  # the disk, the peer copies of a spill
-                engine.attach_tier(tier)
-                tier.listeners.append(events.tier_listener(tier.name))  # the router follows
             # Measured before the engine's thread starts (the model is idle), on a thread of
             # its own that is gone before we go on (see on_a_thread_of_its_own).
             costs = on_a_thread_of_its_own(
                 lambda: measure_tier_costs(engine, transfer.codec), "warmfleet-tier-costs"
             )
-            transfer.spill.costs = costs  # what a spill's copy is weighed against
+        transfer.spill.costs = costs  # what a spill's copy is weighed against
         engine.start()
         loaded = engine.loaded
         ids = {loaded.name, settings.model, "default"}
         if settings.served_model_name:
             ids.add(settings.served_model_name)
-        sim = isinstance(engine, SimEngine)  # a hundred of them may share the process
         prompts = shared_prompt_builder() if sim else PromptBuilder(loaded.tokenizer)
         warm = WarmManager(
             engine,
@@ -210,8 +220,9 @@ class DaemonState:
         telemetry.observe_engine(engine)
         telemetry.observe_warm_sets(warm)
         # At 0 without them: "off", not "No data".
-        telemetry.observe_disk_tier(transfer.disk if transfer else None)
-        telemetry.observe_spill(transfer.spill if transfer else None)
+        telemetry.observe_disk_tier(transfer.disk)
+        telemetry.observe_spill(transfer.spill)
+        telemetry.observe_sim_clock(engine.clock if isinstance(engine, SimEngine) else None)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from types import FrameType
@@ -25,6 +26,13 @@ class DrainingServer(uvicorn.Server):  # type: ignore[misc]  # uvicorn ships no 
         self.state = state
         self.drain_s = drain_s
         self._timer: threading.Timer | None = None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Cache-event streams wait for events forever: ended first, they do not hold the
+        # stop for its graceful timeout (and end cut, with a traceback).
+        if self.state.ready is not None:
+            self.state.ready.events.end_streams()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig != signal.SIGTERM or self.drain_s <= 0 or self._timer is not None:

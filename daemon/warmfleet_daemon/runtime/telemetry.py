@@ -29,6 +29,7 @@ from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.kvtransfer.disk_tier import DiskTier
 from warmfleet_daemon.kvtransfer.spill import PeerSpill
+from warmfleet_daemon.sim.clock import SimClock
 from warmfleet_daemon.warming.manager import WarmManager
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,31 @@ class Telemetry(otel.Metrics):
         for name, field, unit, description in counters:
             meter.create_observable_counter(
                 f"warmfleet.peer_spill.{name}", [read(field)], unit=unit, description=description
+            )
+
+    def observe_sim_clock(self, clock: SimClock | None) -> None:
+        """A simulated engine's time, in the profiled Mac's seconds, read from its clock at
+        collection (at 0 on a daemon with a real engine): what its steps charged, and how
+        late they ran beyond that (the machine running the simulation saturated: every
+        time the daemon reports is inflated by rate(behind) / rate(spent))."""
+        meter, base = self._meter, self._base
+
+        def read(field: str) -> _Callback:
+            if clock is None:
+                return lambda _: [Observation(0, base)]
+            return lambda _: [Observation(getattr(clock.stats(), field), base)]
+
+        counters = (
+            ("spent", "spent_s", "Simulated seconds charged (what the profiled Mac would take)"),
+            (
+                "behind",
+                "behind_s",
+                "Simulated seconds the engine's steps ran late beyond what they charged",
+            ),
+        )
+        for name, field, description in counters:
+            meter.create_observable_counter(
+                f"warmfleet.sim.clock.{name}", [read(field)], unit="s", description=description
             )
 
     def observe_warm_sets(self, manager: WarmManager) -> None:

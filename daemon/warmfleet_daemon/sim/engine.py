@@ -28,7 +28,9 @@ from warmfleet_daemon.engine.requests import EngineConfig, EngineError
 from warmfleet_daemon.engine.sequence import SequenceState
 from warmfleet_daemon.engine.tiers import CacheTier
 from warmfleet_daemon.models.loader import LoadedModel
-from warmfleet_daemon.sim.forward import ANSWER_TEXT, SimClock, SimForward, SimLogits
+from warmfleet_daemon.sim.clock import SimClock
+from warmfleet_daemon.sim.codec import SimCodec
+from warmfleet_daemon.sim.forward import ANSWER_TEXT, SimForward, SimLogits
 from warmfleet_daemon.sim.loader import vocab_size
 
 
@@ -41,11 +43,13 @@ class SimEngine(Engine):
         *,
         speed: float = 1.0,
         answer_tokens: int = 64,
+        clock: SimClock | None = None,
     ) -> None:
         if config.kv_bits is not None:
             raise EngineError("--kv-bits: the simulated engine's blocks are the profile's size")
         self.profile = profile
-        self.clock = SimClock(speed)
+        # A clock of its own, `speed` times faster (tests inject one, with its speed).
+        self.clock = clock if clock is not None else SimClock(speed)
         self._answer_tokens = answer_tokens
         super().__init__(loaded, config)
 
@@ -80,17 +84,35 @@ class SimEngine(Engine):
         self._bytes_per_token = float(self.profile.kv_bytes_per_token)
         self._bytes_per_block = 0.0
 
+    def step(self) -> bool:
+        # Measured against what it charged: how late the simulation runs (`clock`).
+        self.clock.step_started()
+        worked = False
+        try:
+            worked = super().step()
+        finally:
+            self.clock.step_ended(worked)
+        return worked
+
     def _new_caches(self) -> list[object]:
         return []  # no KV is held: blocks are sizes (kv.restore of them gives [] back)
+
+    def codec(self) -> SimCodec:
+        """Its blocks on disk and on the wire (the disk tier, snapshots, peer copies)."""
+        return SimCodec(self.profile, self.config.block_size, self.clock)
 
     def tier_costs(self) -> TierCosts:
         """What a token costs the profiled machine, per tier (the router weighs these)."""
         profile, block = self.profile, self.config.block_size
         return TierCosts(
             prefill_us_per_token=profile.prefill_seconds(0, block) * 1e6 / block,
-            # RAM only (no other tier is simulated); a million tokens' seconds are one
-            # token's microseconds; free without a figure, as the simulated restore is.
-            hit_us_per_token={"ram": profile.restore_seconds("ram", 1_000_000)},
+            # A million tokens' seconds are one token's microseconds; RAM is free without
+            # a figure, as the simulated restore is; other tiers only with one.
+            hit_us_per_token={
+                tier: profile.restore_seconds(tier, 1_000_000)
+                for tier in TIERS
+                if tier == "ram" or profile.restore.get(tier)
+            },
             kv_bytes_per_token=profile.kv_bytes_per_token,
         )
 
@@ -123,10 +145,10 @@ class SimPrefiller(Prefiller):
     def advance(self, seq: SequenceState) -> bool:
         before, computed = seq.cached, self.tokens_total
         done = super().advance(seq)
-        seconds = sum(  # the cached blocks it took this step, read into its caches
-            self.forward.profile.restore_seconds(tier, seq.cached[tier] - before[tier])
-            for tier in TIERS
-        )
+        # The cached blocks it took this step, restored from RAM into its caches (a block
+        # from the disk or a peer was read into RAM first, in that tier's time: SimCodec).
+        taken = sum(seq.cached[tier] - before[tier] for tier in TIERS)
+        seconds = self.forward.profile.restore_seconds("ram", taken)
         if done and self.tokens_total == computed and not seq.request.prefill_only:
             # Entirely cached: the real engine samples the first token from the logits
             # kept with the last block and restores the KV lazily, in the next decode step.

@@ -5,17 +5,17 @@ A simulated daemon stores no KV: a block is its size in bytes as the profile's m
 would hold it (`kv_bytes_per_token`, and the logits row a prompt's last block keeps), so
 the prefix cache's budget, eviction and pins behave as they would there. Time is spent by
 sleeping the engine thread, divided by `speed` (a day replayed in an hour runs at 24x):
-queueing, batching and every timing the daemon reports follow from it.
+queueing, batching and every timing the daemon reports follow from it (`clock`).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
 from warmfleet_common.perf_profile import PerfProfile
 from warmfleet_daemon.engine import kv
+from warmfleet_daemon.sim.clock import SimClock
 
 # What every simulated answer says, cycled (its tokens, from the served tokenizer).
 ANSWER_TEXT = (
@@ -29,29 +29,6 @@ class SimLogits:
     """Stands in for a prompt's last logits row: where its answer starts in the text."""
 
     offset: int
-
-
-class SimClock:
-    """Spends simulated seconds as wall-clock sleep, `speed` times faster. Sleeps shorter
-    than `quantum_s` (wall) are owed and slept together: at 24x a decode step is a third
-    of a millisecond, and fifty engine threads waking that often starved the process's
-    event loop (the time spent is the same; an event is late by at most the quantum)."""
-
-    def __init__(self, speed: float, quantum_s: float = 0.001) -> None:
-        if speed <= 0:
-            raise ValueError("the simulation speed must be positive")
-        self.speed = speed
-        self.quantum_s = quantum_s
-        self.spent_s = 0.0  # simulated seconds spent so far
-        self._owed_s = 0.0  # wall seconds not slept yet
-
-    def spend(self, seconds: float) -> None:
-        if seconds > 0:
-            self.spent_s += seconds
-            self._owed_s += seconds / self.speed
-            if self._owed_s >= self.quantum_s:
-                owed, self._owed_s = self._owed_s, 0.0
-                time.sleep(owed)
 
 
 class SimForward:

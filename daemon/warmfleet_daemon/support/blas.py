@@ -25,6 +25,13 @@ log = logging.getLogger(__name__)
 # 28, 104-124 with 16, docs/PERFORMANCE.md). Read when OpenBLAS loads; a set value wins.
 THREAD_TIMEOUT = "16"
 
+# OpenBLAS kernels for x86_64 CPUs with AVX2 and FMA. The decode path's batch invariance
+# (a row's logits the same alone or batched, engine/decode_forward.py) holds for these
+# kernels and not for SkylakeX's, and OpenBLAS 0.3.21 takes CPUs newer than it knows
+# (Emerald Rapids) for a Prescott, whose kernels are 3-4x slower: one choice on every
+# x86_64 node, the same results fleet-wide. A set OPENBLAS_CORETYPE wins.
+X86_CORETYPE = "Haswell"
+
 _CANDIDATES = (
     "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/*-linux-gnu/openblas-openmp/libopenblas.so.0",
@@ -60,6 +67,8 @@ def ensure_fast_blas() -> BlasInfo:
         return _loaded
     paths = [override] if override else [p for pat in _CANDIDATES for p in sorted(glob.glob(pat))]
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    if platform.machine() in ("x86_64", "AMD64") and _cpu_has("avx2", "fma"):
+        os.environ.setdefault("OPENBLAS_CORETYPE", X86_CORETYPE)
     for path in paths:
         try:
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
@@ -88,12 +97,26 @@ def log_blas(info: BlasInfo, *, on_gpu: bool) -> None:
 
 def _openblas_config(lib: ctypes.CDLL) -> str | None:
     try:
-        fn = lib.openblas_get_config
+        config, corename = lib.openblas_get_config, lib.openblas_get_corename
     except AttributeError:
         return None
-    fn.restype = ctypes.c_char_p
-    raw = fn()
-    return raw.decode(errors="replace").split(" NO_")[0] if raw else None
+    config.restype = corename.restype = ctypes.c_char_p
+    raw, core = config(), corename()
+    if not raw:
+        return None
+    name = raw.decode(errors="replace").split(" NO_")[0]
+    return f"{name}, {core.decode(errors='replace')} kernels" if core else name
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(flags) <= set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return False
 
 
 def _describe_already_imported() -> BlasInfo:

@@ -8,6 +8,11 @@ requests and prefilled in the same chunks, so a request finds all of it cached.
 Warm-ups go through the engine like any request (the port stays open; real requests
 interleave and are scheduled first since they are shorter) with bounded concurrency
 per set. Applying a set validates everything first and changes nothing on error.
+
+A set scoped to tenants (`tenants`) warms each prompt once per tenant, keyed in that
+tenant's cache namespace; a fleet-wide set warms it once, unsalted, and its blocks
+(when pinned) are the engine's shared set: the run of them a tenant's request starts
+with is keyed as they are, so every tenant hits them (`chunking`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from warmfleet_common.agent_apis.shapes import SHAPES
 from warmfleet_common.contract import (
@@ -26,6 +32,7 @@ from warmfleet_common.contract import (
     WarmSetStatus,
 )
 from warmfleet_common.prompts import PromptBuilder, PromptError, RenderedPrompt
+from warmfleet_common.tenancy import cache_salt
 from warmfleet_daemon.engine.core import Engine
 from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
@@ -44,7 +51,9 @@ from warmfleet_daemon.warming.sets import (
     WarmSetStale,
     WarmSetTooLarge,
     content_of,
+    entry_id,
     hash_of,
+    scopes,
 )
 from warmfleet_daemon.warming.state_store import StateStore, StateTooLarge, invalid_key
 
@@ -120,7 +129,12 @@ class WarmManager:
             raise WarmSetInvalid(problem, "name")
         rendered = self._validate(namespace, name, spec, keep_going)
         set_hash = hash_of(
-            [spec.concurrency, spec.pin, [(n, content_of(r)) for n, r in rendered.items()]]
+            [
+                spec.concurrency,
+                spec.pin,
+                spec.tenants,
+                [(n, content_of(r)) for n, r in rendered.items()],
+            ]
         )
         with self._lock:
             key = (namespace, name)
@@ -143,22 +157,30 @@ class WarmManager:
                 return old.status()
             entries: dict[str, PromptEntry] = {}
             for prompt in spec.prompts:
-                result = rendered[prompt.name]
-                if isinstance(result, str):  # keep_going: rendered as failed
-                    entries[prompt.name] = PromptEntry(
-                        prompt, RenderedPrompt(()), [], "", PromptState.FAILED, error=result
-                    )
-                    log.warning(
-                        "Warm prompt %s/%s:%s failed: %s", namespace, name, prompt.name, result
-                    )
-                    continue
-                tokens, keys, content_hash = result
-                kept = old.prompts.get(prompt.name) if old else None
-                if kept is not None and kept.content_hash == content_hash:
-                    kept.spec = prompt
-                    entries[prompt.name] = kept
-                else:
-                    entries[prompt.name] = PromptEntry(prompt, tokens, keys, content_hash)
+                for tenant in scopes(spec):
+                    eid = entry_id(prompt.name, tenant)
+                    result = rendered[eid]
+                    if isinstance(result, str):  # keep_going: rendered as failed
+                        entries[eid] = PromptEntry(
+                            prompt,
+                            RenderedPrompt(()),
+                            [],
+                            "",
+                            PromptState.FAILED,
+                            error=result,
+                            tenant=tenant,
+                        )
+                        log.warning("Warm prompt %s/%s:%s failed: %s", namespace, name, eid, result)
+                        continue
+                    tokens, keys, content_hash = result
+                    kept = old.prompts.get(eid) if old else None
+                    if kept is not None and kept.content_hash == content_hash:
+                        kept.spec = prompt
+                        entries[eid] = kept
+                    else:
+                        entries[eid] = PromptEntry(
+                            prompt, tokens, keys, content_hash, tenant=tenant
+                        )
             if old is not None:
                 for prompt_name, entry in old.prompts.items():
                     if entries.get(prompt_name) is not entry:
@@ -170,6 +192,7 @@ class WarmManager:
                     for entry in entries.values():
                         self._repin(entry)
             self._sets[key] = SetEntry(namespace, name, spec, set_hash, entries)
+            self._share()
             self._sync_snapshots()
             self._worker.wake.notify_all()
             return self._sets[key].status()
@@ -185,6 +208,7 @@ class WarmManager:
             removed = self._sets.pop((namespace, name))
             for entry in removed.prompts.values():
                 self._release(entry)
+            self._share()
             self._sync_snapshots()
             return True
 
@@ -214,8 +238,8 @@ class WarmManager:
         """(every active prompt is warm, a short reason when not)."""
         with self._lock:
             entries = list(self._entries())
-        failed = [e.spec.name for e in entries if e.state is PromptState.FAILED]
-        waiting = [e.spec.name for e in entries if e.state is not PromptState.WARM]
+        failed = [e.id for e in entries if e.state is PromptState.FAILED]
+        waiting = [e.id for e in entries if e.state is not PromptState.WARM]
         if failed:
             return False, f"warm-up failed for: {', '.join(failed)}"
         if waiting:
@@ -238,18 +262,29 @@ class WarmManager:
             )
         out: dict[str, Rendered | str] = {}
         for i, prompt in enumerate(spec.prompts):
+            tenants = scopes(spec)
             try:
-                out[prompt.name] = self._render(prompt, f"prompts.{i}")
+                rendered = self._render(prompt, f"prompts.{i}")
             except WarmSetError as exc:
                 if not keep_going:
                     raise
-                out[prompt.name] = exc.message
+                out.update({entry_id(prompt.name, t): exc.message for t in tenants})
+                continue
+            for tenant in tenants:
+                out[entry_id(prompt.name, tenant)] = self._scoped(rendered, tenant)
         good = {n: r for n, r in out.items() if not isinstance(r, str)}
         if spec.pin and good:
             self._check_budget(namespace, name, good)
         return out
 
-    def _render(self, prompt: WarmPrompt, param: str) -> Rendered:
+    def _scoped(self, rendered: RenderedPrompt, tenant: str | None) -> Rendered:
+        """The prefix as `tenant`'s requests key it (None: unsalted, every tenant's)."""
+        salted = replace(rendered, salt=cache_salt(tenant))
+        keys = [c.key for c in self.engine.plan(salted)]
+        content = [list(rendered.tokens), rendered.cuts]
+        return salted, keys, hash_of(content if tenant is None else [*content, tenant])
+
+    def _render(self, prompt: WarmPrompt, param: str) -> RenderedPrompt:
         limit = self.limits.max_message_chars
         for j, message in enumerate(prompt.messages or []):
             if message.text_length() > limit:
@@ -281,8 +316,7 @@ class WarmManager:
                 f"message; the model's context is {context}",
                 param,
             )
-        keys = [c.key for c in self.engine.plan(rendered)]
-        return rendered, keys, hash_of([list(rendered.tokens), rendered.cuts])
+        return rendered
 
     def _check_budget(self, namespace: str, name: str, rendered: dict[str, Rendered]) -> None:
         budget = self.engine.config.cache_budget_bytes
@@ -335,7 +369,7 @@ class WarmManager:
             pin=warm_set.spec.pin and not entry.pinned,
         )
         started = time.perf_counter()
-        label = f"{warm_set.namespace}/{warm_set.name}:{entry.spec.name}"
+        label = f"{warm_set.namespace}/{warm_set.name}:{entry.id}"
 
         def done(event: Event) -> None:  # on the engine thread
             if event.finish_reason is not None:
@@ -357,7 +391,7 @@ class WarmManager:
     ) -> None:
         with self._lock:
             current = self._sets.get((warm_set.namespace, warm_set.name))
-            live = current is not None and current.prompts.get(entry.spec.name) is entry
+            live = current is not None and current.prompts.get(entry.id) is entry
             pinned_now = event.finish_reason == "prefilled" and warm_set.spec.pin
             if not live:  # replaced or deleted while warming: give back what it pinned
                 if pinned_now and not entry.pinned:
@@ -449,6 +483,17 @@ class WarmManager:
                 entry.pinned = True
             else:
                 entry.state = PromptState.PENDING
+
+    def _share(self) -> None:
+        """The engine's shared set: the blocks of every pinned fleet-wide set's prompts
+        (unpinned ones would be evicted as others' traffic goes: not shared)."""
+        self.engine.shared = frozenset(
+            key
+            for s in self._sets.values()
+            if s.spec.pin and s.spec.tenants is None
+            for e in s.prompts.values()
+            for key in e.keys
+        )
 
     def _specs(self) -> dict[SetKey, WarmSetSpec]:
         return {k: s.spec for k, s in self._sets.items()}

@@ -20,7 +20,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from warmfleet_common.prompts import PromptBuilder, PromptError
@@ -41,6 +41,7 @@ class Continuation:
     tools: list[dict[str, Any]] | None = None
     template_kwargs: Mapping[str, Any] | None = None
     tool_call_ids: tuple[str, ...] = ()
+    salt: bytes = b""  # the request's cache salt: the next turn is keyed as it will be
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,10 @@ class NextTurns:
                 self._count_skip()
                 continue
             request = GenerationRequest(
-                prefix, SamplingParams(max_tokens=1, temperature=0.0), prefill_only=True, idle=True
+                replace(prefix, salt=continuation.salt),
+                SamplingParams(max_tokens=1, temperature=0.0),
+                prefill_only=True,
+                idle=True,
             )
             with self._lock:
                 self._working += 1

@@ -74,6 +74,11 @@ class PromptEntry:
     warmed_at: float | None = None
     pinned: bool = False
     epoch: int = 0  # the cache epoch its warm-up started in (a clear bumps it)
+    tenant: str | None = None  # warm for this tenant's requests only (None: every tenant's)
+
+    @property
+    def id(self) -> str:
+        return entry_id(self.spec.name, self.tenant)
 
     def status(self) -> WarmPromptStatus:
         return WarmPromptStatus(
@@ -86,6 +91,7 @@ class PromptEntry:
             error=self.error,
             warmed_at=self.warmed_at,
             blocks=[key.hex() for key in self.keys],
+            tenant=self.tenant,
         )
 
 
@@ -109,6 +115,7 @@ class SetEntry:
             content_hash=self.content_hash,
             concurrency=self.spec.concurrency,
             pin=self.spec.pin,
+            tenants=self.spec.tenants,
             prompts=prompts,
             warm=sum(p.state is PromptState.WARM for p in prompts),
             total=len(prompts),
@@ -125,6 +132,16 @@ class WarmRound:
     skipped: int = 0  # already entirely cached: nothing to compute
     failed: int = 0
     tokens: int = 0
+
+
+def scopes(spec: WarmSetSpec) -> list[str | None]:
+    """The tenants a set's prompts are warmed for (None: once, for every tenant)."""
+    return list(spec.tenants) if spec.tenants else [None]
+
+
+def entry_id(prompt: str, tenant: str | None) -> str:
+    """A prompt's entry in its set: one per tenant it is warm for (or one, shared)."""
+    return prompt if tenant is None else f"{prompt}@{tenant}"
 
 
 def content_of(result: Rendered | str) -> str:

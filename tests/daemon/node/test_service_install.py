@@ -112,6 +112,33 @@ def test_the_service_command_line_is_what_serve_parses(tmp_path: Path, token: Pa
     assert args.admin_token_file == str(token)
 
 
+def test_certificate_files_become_absolute_paths(
+    tmp_path: Path, token: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cert-manager's Secret layout, copied next to the daemon: relative paths made
+    absolute, as for every file a service reads."""
+    from warmfleet_cli.local_ca import make_local_ca
+
+    monkeypatch.chdir(tmp_path)
+    make_local_ca(tmp_path / "tls")
+    (tmp_path / "keys").write_text("team-a sk-team-a-0123456789abcdef\n")
+    code = _install(
+        tmp_path, "--systemd", "--host", "0.0.0.0", "--admin-token-file", str(token),
+        "--tls-cert", "tls/tls.crt", "--tls-key", "tls/tls.key", "--tls-ca", "tls/ca.crt",
+        "--tls-client-ca", "tls/ca.crt", "--api-keys-file", "keys",
+    )  # fmt: skip
+    assert code == 0
+    unit = (tmp_path / "units" / "warmfleet-daemon.service").read_text()
+    for flag, path in [
+        ("--tls-cert", "tls/tls.crt"),
+        ("--tls-key", "tls/tls.key"),
+        ("--tls-ca", "tls/ca.crt"),
+        ("--tls-client-ca", "tls/ca.crt"),
+        ("--api-keys-file", "keys"),
+    ]:
+        assert f"{flag}={tmp_path / path}" in unit
+
+
 def test_launchdaemon_runs_as_the_given_user(tmp_path: Path) -> None:
     assert _install(tmp_path, "--launchd", "--system", "--run-as", "warmfleet") == 0
     plist = plistlib.loads((tmp_path / "units" / "io.warmfleet.daemon.plist").read_bytes())
@@ -231,6 +258,9 @@ def test_install_and_uninstall_call_the_service_manager(tmp_path: Path) -> None:
         (["--run-as", "someone"], "--run-as only applies with --system"),
         (["--env", "NOVALUE"], "KEY=VALUE"),
         (["--name", "a/b"], "--name"),
+        (["--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/x"], "--tls-cert /nonexistent"),
+        (["--tls-cert", "/etc/hostname"], "--tls-cert and --tls-key go together"),
+        (["--api-keys-file", "/nonexistent/keys"], "no such file"),
     ],
 )
 def test_install_refuses_what_serve_would_refuse(
@@ -263,14 +293,23 @@ def _readme_service_commands() -> list[list[str]]:
 
 
 def test_readme_service_commands_are_accepted(tmp_path: Path, token: Path) -> None:
+    from warmfleet_cli.local_ca import make_local_ca
+
     commands = _readme_service_commands()
-    assert len(commands) == 2 and any("--register" in c for c in commands)
+    assert len(commands) == 3 and any("--register" in c for c in commands)
+    assert any("--tls-cert" in c for c in commands)  # the Security section's
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\n")
+    certs = make_local_ca(tmp_path / "tls")
+    (tmp_path / "api-keys").write_text("team-a sk-team-a-0123456789abcdef\n")
     paths = {
         "~/admin-token": str(token),
         "~/.kube/warmfleet": str(kubeconfig),
         "~/.warmfleet": str(tmp_path / "state"),
+        "~/tls/tls.crt": str(certs.cert),
+        "~/tls/tls.key": str(certs.key),
+        "~/tls/ca.crt": str(certs.ca),
+        "~/api-keys": str(tmp_path / "api-keys"),
     }
     for argv in commands:
         argv = [paths.get(a, a) for a in argv]

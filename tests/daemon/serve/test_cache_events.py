@@ -4,7 +4,10 @@ served layout, a clear is an event, and a stale or foreign position gets a reset
 
 from __future__ import annotations
 
+import http.client
 import json
+import signal
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -119,3 +122,38 @@ def test_a_foreign_epoch_or_a_future_position_gets_a_reset(daemon: Daemon) -> No
     stream = lines(daemon, after=10**9)
     assert next(stream)["type"] == "hello"
     assert next(stream) == {"type": "reset", "reason": "gap"}
+
+
+def test_a_stopping_daemon_ends_its_feeds_at_once() -> None:
+    """The router's feed never ends by itself: a SIGTERM (after its drain) ends it, so the
+    server stops without waiting out its graceful shutdown and cancelling the feed."""
+    own = start_daemon(
+        "--model", "tiny-random", "--drain-seconds", "1", env={"WARMFLEET_ADMIN_TOKEN": TOKEN}
+    )
+    try:
+        stream = lines(own, heartbeat=30)
+        assert next(stream)["type"] == "hello"
+        started = time.monotonic()
+        own.process.send_signal(signal.SIGTERM)
+        assert list(stream) == []  # the feed ends: no reset, no error
+        assert own.process.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+        assert time.monotonic() - started < 30
+    finally:
+        own.stop()
+    assert "Traceback" not in own.log() and "graceful shutdown exceeded" not in own.log()
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_idle_expiry(daemon: Daemon) -> None:
+    """A client reusing a connection the server is closing gets a reset it cannot retry
+    (a POST): the server keeps idle connections longer than agents' clients do (httpx,
+    the OpenAI SDK: 5 s)."""
+    host, port = daemon.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().read() is not None
+        time.sleep(6)  # past httpx's 5 s, and uvicorn's default keep-alive
+        connection.request("GET", "/healthz")  # on the same socket: http.client never redials
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()

@@ -92,8 +92,14 @@ def test_status_and_metrics_say_it_is_simulated(sim_daemon: Daemon) -> None:
     text = str(status)
     assert "simulated: profile test-mac" in text
     assert status["cache"]["budget_bytes"] == 2 << 30
+    # How late the simulation ran, in the profiled Mac's seconds (tests/daemon/sim/
+    # test_sim_clock.py checks the figures on a fake clock).
+    assert set(status["sim"]) == {"speed", "spent_s", "behind_s", "behind_share"}
+    assert status["sim"]["speed"] == 50
     metrics = httpx.get(f"{sim_daemon.url}/metrics").text
     assert "warmfleet_peer_spill_copies" in metrics and "warmfleet_disk_tier" in metrics
+    assert "warmfleet_sim_clock_spent_seconds_total" in metrics
+    assert "warmfleet_sim_clock_behind_seconds_total" in metrics
 
 
 @pytest.mark.parametrize(
@@ -103,15 +109,24 @@ def test_status_and_metrics_say_it_is_simulated(sim_daemon: Daemon) -> None:
         (["--profile", "x.json"], "--profile: only with --engine sim"),
         (["--engine", "sim", "--profile", "no-such-mac"], "no profile named 'no-such-mac'"),
         (["--engine", "sim", "--profile", "PROFILE", "--kv-bits", "8"], "simulate --kv-bits"),
-        (["--engine", "sim", "--profile", "PROFILE", "--spill", "always"], "--spill always"),
-        (["--engine", "sim", "--profile", "PROFILE", "--cache-disk-mb", "64"], "--cache-disk-mb"),
         (
             ["--engine", "sim", "--profile", "PROFILE", "--model", "tiny-random"],
             "--model (the profile names the model)",
         ),
         (
-            ["--engine", "sim", "--profile", "PROFILE", "--nodes", "2", "--register", "mac"],
-            "--register names one daemon",
+            [
+                "--engine",
+                "sim",
+                "--profile",
+                "PROFILE",
+                "--nodes",
+                "2",
+                "--register",
+                "mac",
+                "--advertise-url",
+                "http://127.0.0.1:9",
+            ],
+            "put {port} where each daemon's port goes",
         ),
         (["--model", "tiny-random", "--nodes", "2"], "--nodes and --first-node only with"),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -54,3 +55,72 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_node_control_kills_and_restarts_one_node(tmp_path: Path) -> None:
+    """`--node-control stdin`: `kill 2` takes node 2 (and only it) off the network with
+    its cache; `start 2` brings it back empty; `stop 1` drains node 1, then it stops."""
+    profile = write_profile(tmp_path / "mac.json")
+    base = consecutive_free_ports(2)
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "warmfleet_cli", "serve", "--engine", "sim",
+            "--profile", str(profile), "--sim-speed", "50", "--nodes", "2",
+            "--port", str(base), "--node-control", "stdin", "--drain-seconds", "1",
+            "--log-level", "warning",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert process.stdin is not None
+
+    def tell(line: str) -> None:
+        assert process.stdin is not None
+        process.stdin.write(line.encode() + b"\n")
+        process.stdin.flush()
+
+    try:
+        one, two = (f"http://127.0.0.1:{base + i}" for i in range(2))
+        _wait(lambda: _ready(one) and _ready(two), process, tmp_path)
+        body = {"model": "default", "max_tokens": 3, "prompt": "node two's words " * 40}
+        httpx.post(f"{two}/v1/completions", json=body, timeout=60)
+        assert httpx.get(f"{two}/v1/status").json()["cache"]["entry_count"] > 0
+        tell("kill 2")
+        _wait(lambda: _refused(two), process, tmp_path)
+        assert _ready(one)
+        tell("start 2")
+        _wait(lambda: _ready(two), process, tmp_path)
+        assert httpx.get(f"{two}/v1/status").json()["cache"]["entry_count"] == 0
+        tell("stop 1")
+        _wait(lambda: httpx.get(f"{one}/readyz").status_code == 503, process, tmp_path)
+        _wait(lambda: _refused(one), process, tmp_path)
+        assert _ready(two)
+        tell("stop 9")  # no such node: said, and nothing changes
+        tell("start 1")
+        _wait(lambda: _ready(one), process, tmp_path)
+    finally:
+        code = interrupt(process)
+    text = (tmp_path / "serve.log").read_text()
+    assert code == 0, text
+    assert "expected kill|stop|start NODE" in text
+    assert "Traceback" not in text
+
+
+def _wait(condition: Callable[[], bool], process: subprocess.Popen[bytes], tmp: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert process.poll() is None, (tmp / "serve.log").read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/readyz", timeout=2)
+    except httpx.ConnectError:
+        return True
+    except httpx.HTTPError:
+        return False
+    return False
