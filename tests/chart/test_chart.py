@@ -443,7 +443,7 @@ def test_notes_say_what_to_run_next() -> None:
 
 
 def _readme_values() -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operator.md").read_text()
     section = readme.split("## The operator: `helm install warmfleet charts/warmfleet", 1)[1]
     return section.split("```yaml\n", 1)[1].split("```", 1)[0]
 

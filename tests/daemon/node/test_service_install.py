@@ -283,7 +283,8 @@ def test_dry_run_prints_and_writes_nothing(
 def _readme_service_commands() -> list[list[str]]:
     import shlex
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    readme = (docs / "operator.md").read_text() + (docs / "security.md").read_text()
     text = readme.replace("\\\n", " ")
     return [
         shlex.split(line.strip())[1:]
