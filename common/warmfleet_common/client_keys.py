@@ -145,3 +145,31 @@ def check_key(ring: KeyRing, headers: Mapping[str, str], *, anthropic: bool) -> 
     if tenant is None:
         return KeyRefused("invalid_api_key", "the API key is not valid")
     return tenant
+
+
+# Routes that serve no inference but show data (metrics name tenants and their usage,
+# status names warm sets, the API document the routes): with a keys file they need a key
+# too; only the liveness and readiness probes stay open.
+SHOWS_DATA = frozenset({"/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def reader_refusal(
+    ring: KeyRing, headers: Mapping[str, str], admin_token: str | None
+) -> KeyRefused | None:
+    """None when a request to a route that shows data presents the admin token or any
+    client key (in either header); else why it is refused (a 401)."""
+    given = presented_key(headers, anthropic=True)
+    if given and admin_token and hmac.compare_digest(_utf8(given), _utf8(admin_token)):
+        return None
+    checked = check_key(ring, headers, anthropic=True)
+    return checked if isinstance(checked, KeyRefused) else None
+
+
+def is_client_key(ring: KeyRing | None, headers: Mapping[str, str]) -> bool:
+    """Whether the request presents a valid client key (so its Bearer token is not an
+    admin token to check)."""
+    return ring is not None and isinstance(check_key(ring, headers, anthropic=True), str)
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")

@@ -27,7 +27,13 @@ from starlette.types import Message, Receive, Scope, Send
 
 from warmfleet_common import __version__, bounded
 from warmfleet_common.agent_apis.shapes import ApiName
-from warmfleet_common.client_keys import KeysFile, check_key
+from warmfleet_common.client_keys import (
+    SHOWS_DATA,
+    KeysFile,
+    check_key,
+    is_client_key,
+    reader_refusal,
+)
 from warmfleet_common.errors import AnthropicErrorResponse, ErrorResponse
 from warmfleet_common.heap import freeze_heap
 from warmfleet_common.tls import peer_verified
@@ -85,16 +91,28 @@ def _component_schemas(models: Sequence[type[BaseModel]]) -> dict[str, Any]:
     return schemas
 
 
+# With a keys file these need a client key or the admin token (metrics name tenants and
+# their usage); only the probes stay open.
+READER_PATHS = SHOWS_DATA | {"/v1/router/status"}
+
+
 class RouterApp(FastAPI):
     """FastAPI, except that the proxied routes' POSTs go straight to their handler: the
     middleware stack and route matching around a body the router does not parse cost
     a fifth of its CPU per request. Everything else (documents, errors) is FastAPI's."""
 
     proxied: dict[str, tuple[Callable[[Request], Awaitable[Response]], ApiName]]
+    # With client keys: the refusal of a request to a route that shows data (else None).
+    reader_guard: Callable[[Request], Response | None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.proxied.get(scope["path"]) if scope["type"] == "http" else None
         if found is None or scope["method"] != "POST":
+            guard = self.reader_guard
+            if guard is not None and scope["type"] == "http" and scope["path"] in READER_PATHS:
+                refused = guard(Request(scope, receive))
+                if refused is not None:
+                    return await refused(scope, receive, send)
             return await super().__call__(scope, receive, send)
         handler, shape = found
         started = False
@@ -172,6 +190,19 @@ def create_app(
 
     def fleet() -> Fleet:
         return holder["fleet"]
+
+    def reader_guard(request: Request) -> Response | None:
+        assert keys is not None
+        refusal = reader_refusal(keys.current(), request.headers, options.admin_token)
+        if refusal is None:
+            return None
+        challenge = {"www-authenticate": "Bearer"}
+        return error_response(
+            401, refusal.message, refusal.code, "authentication_error", None, challenge
+        )
+
+    if keys is not None:
+        app.reader_guard = reader_guard
 
     def refusal(request: Request, shape: ApiName) -> tuple[str | None, Response | None]:
         """The request's tenant (None: an open router), or its 401 in `shape`."""
@@ -312,7 +343,8 @@ def create_app(
         (session keys as hashes, never as sent)."""
         token = options.admin_token
         header = request.headers.get("authorization")
-        if token and header is None:
+        reader = keys is not None and is_client_key(keys.current(), request.headers)
+        if (token and header is None) or reader:  # a client key reads the counts
             return JSONResponse(status_summary(fleet()))
         if options.tls.client_ca and not peer_verified(request.scope):
             return error_response(

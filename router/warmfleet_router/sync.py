@@ -289,7 +289,11 @@ class BackendSync:
         lengths = [m.max_model_len for m in listed.data if m.max_model_len]
         try:  # a warmfleet daemon also answers to its aliases (`default`, its --model)
             status = await self._read(
-                "/v1/status", DaemonStatus, limit=limits.small, deadline=limits.deadline
+                "/v1/status",
+                DaemonStatus,
+                limit=limits.small,
+                deadline=limits.deadline,
+                admin=True,  # a daemon with client keys shows its status to keys or the token
             )
         except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
             self._trouble("status", exc)

@@ -386,10 +386,33 @@ def test_servicemonitor_scrapes_the_router_service() -> None:
         "path": "/metrics",
         "interval": "15s",
     }
+    # With client keys the router's /metrics answers only to a key: Prometheus sends its own.
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "prometheus-client-key", "key": "key"},
+    }
     # Without the router there is nothing to monitor.
     assert not by_kind(
         render(sets=("monitoring.serviceMonitor.enabled=true",), monitoring=True), "ServiceMonitor"
     )
+
+
+def test_client_keys_without_a_key_for_prometheus_are_refused() -> None:
+    args = [
+        "template",
+        "warmfleet",
+        str(CHART),
+        "--api-versions",
+        "monitoring.coreos.com/v1/ServiceMonitor",
+    ]
+    for s in ("monitoring.serviceMonitor.enabled=true", "router.enabled=true",
+              "router.apiKeys.existingSecret=client-keys"):  # fmt: skip
+        args += ["--set", s]
+    done = helm(*args, check=False)
+    assert done.returncode != 0 and "monitoring.apiKeySecret.existingSecret" in done.stderr
+
+
+KEYED = {"type": "Bearer", "credentials": {"name": "prometheus-client-key", "key": "key"}}
 
 
 def test_scrapeconfig_targets_the_macs_by_scheme_and_path() -> None:
@@ -401,6 +424,7 @@ def test_scrapeconfig_targets_the_macs_by_scheme_and_path() -> None:
             "scheme": "HTTP",
             "metricsPath": "/metrics",
             "scrapeInterval": "20s",
+            "authorization": KEYED,
             "staticConfigs": [
                 {"targets": ["mac-mini-1.lan:8000"], "labels": {"warmnode": "mac-mini-1"}}
             ],
@@ -410,6 +434,7 @@ def test_scrapeconfig_targets_the_macs_by_scheme_and_path() -> None:
             "scheme": "HTTPS",
             "metricsPath": "/warmfleet/metrics",
             "scrapeInterval": "20s",
+            "authorization": KEYED,
             "staticConfigs": [
                 {"targets": ["mac-mini-2.example.com:443"], "labels": {"warmnode": "mac-mini-2"}}
             ],
@@ -424,6 +449,11 @@ def test_plain_scrape_config_is_a_valid_prometheus_config(tmp_path: Path) -> Non
     assert [j["job_name"] for j in jobs] == ["warmfleet-daemons", "warmfleet-daemons-1"]
     assert jobs[0]["static_configs"][0]["targets"] == ["mac-mini-2.example.com:443"]
     assert jobs[0]["metrics_path"] == "/warmfleet/metrics" and jobs[0]["scheme"] == "https"
+    key_file = "/etc/prometheus/secrets/prometheus-client-key/key"
+    assert all(j["authorization"] == {"credentials_file": key_file} for j in jobs)
+    (tmp_path / "key").write_text("sk-prometheus-0123456789")  # promtool opens the file
+    for job in jobs:
+        job["authorization"]["credentials_file"] = str(tmp_path / "key")
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({"scrape_configs": jobs}))
     done = subprocess.run(

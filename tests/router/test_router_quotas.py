@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.processes import Daemon
-from support.router import TOKEN, start_router_for, tiny_daemons, wait_following
+from support.router import AUTH, TOKEN, start_router_for, tiny_daemons, wait_following
 
 KEYS = {t: f"sk-{t}-0123456789abcdef" for t in ("team-a", "team-b", "team-c")}
 QUOTAS = """
@@ -69,7 +69,7 @@ def chat(router: Daemon, tenant: str) -> None:
 
 
 def metric(router: Daemon, name: str, **labels: str) -> float:
-    text = httpx.get(f"{router.url}/metrics").text
+    text = httpx.get(f"{router.url}/metrics", headers=AUTH).text  # metrics need a key or the token
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -1,10 +1,11 @@
 """Client keys and tenants through a real router in front of two real tiny-random
 daemons that hold the keys file too, driven by the `openai` and `anthropic` SDKs: no key,
-no answer (router and daemons alike, in each API's shape); a tenant's blocks are keyed
-with its salt and the router predicts exactly what each tenant's request finds cached
-(another tenant's identical prompt: nothing but the template's header); a fleet-wide
-warm set is predicted and hit for every tenant; sessions are per tenant; a client
-cannot name a tenant itself."""
+no answer (router and daemons alike, in each API's shape), and only the probes answer
+without a key (metrics, status and the API document need one, or the admin token); a
+tenant's blocks are keyed with its salt and the router predicts exactly what each
+tenant's request finds cached (another tenant's identical prompt: nothing but the
+template's header); a fleet-wide warm set is predicted and hit for every tenant;
+sessions are per tenant; a client cannot name a tenant itself."""
 
 from __future__ import annotations
 
@@ -101,6 +102,26 @@ def test_no_key_no_answer(router: Daemon, daemons: list[Daemon]) -> None:
     good = anthropic.Anthropic(base_url=router.url, api_key=KEYS["team-b"], max_retries=0)
     ask_b = [{"role": "user", "content": "x"}]
     assert good.messages.create(model="default", max_tokens=2, messages=ask_b).role == "assistant"  # type: ignore[arg-type]
+
+
+def test_only_the_probes_answer_without_a_key(router: Daemon, daemons: list[Daemon]) -> None:
+    for url in [router.url, *(d.url for d in daemons)]:
+        for path in ("/healthz", "/readyz"):
+            assert httpx.get(f"{url}{path}").status_code == 200, (url, path)
+        status_path = "/v1/router/status" if url == router.url else "/v1/status"
+        for path in ("/metrics", "/openapi.json", "/docs", status_path):
+            refused = httpx.get(f"{url}{path}")
+            assert refused.status_code == 401, (url, path)
+            assert refused.json()["error"]["code"] == "missing_api_key", (url, path)
+            wrong = httpx.get(f"{url}{path}", headers={"x-api-key": "sk-wrong-0000000000"})
+            assert wrong.status_code == 401, (url, path)
+            for given in ({"x-api-key": KEYS["team-a"]}, {"Authorization": f"Bearer {TOKEN}"}):
+                assert httpx.get(f"{url}{path}", headers=given).status_code == 200, (url, path)
+    # A client key reads the router's counts, not its detail (backend URLs, decisions).
+    counts = httpx.get(
+        f"{router.url}/v1/router/status", headers={"Authorization": f"Bearer {KEYS['team-a']}"}
+    ).json()
+    assert isinstance(counts["decisions"], int) and isinstance(status(router)["decisions"], list)
 
 
 def test_tenants_never_share_blocks_and_predictions_stay_exact(router: Daemon) -> None:

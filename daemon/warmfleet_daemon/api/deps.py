@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from warmfleet_common.grants import GRANT_HEADER, grant_refusal, grant_url, urls_reached_at
 from warmfleet_common.tls import peer_verified
 from warmfleet_daemon.api.errors import APIError
+from warmfleet_daemon.api.tenants import reads_with_client_key
 from warmfleet_daemon.runtime.assembly import DaemonState, Ready
 
 
@@ -82,7 +83,7 @@ def is_admin(request: Request, state: StateDep) -> bool:
     token = state.settings.admin_token
     if not token:
         return True
-    if "authorization" not in request.headers:
+    if "authorization" not in request.headers or reads_with_client_key():
         return False
     _check_token(request, token)
     require_client_certificate(request, state)

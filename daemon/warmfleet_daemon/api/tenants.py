@@ -3,8 +3,10 @@
 With `--api-keys-file`, every inference route (chat, completions, Anthropic's Messages
 and its token count, Responses, and `/v1/models`) needs a client key in its API's header
 (`client_keys`), or the router's signed tenant (`tenancy`: the router checked the key);
-`/v1/models` also takes the admin token (the router reads it). A missing or unknown key
-is a 401 in the route's API shape. Without a keys file the routes stay open; a tenant
+`/v1/models` also takes the admin token (the router reads it). The routes that show data
+(`/metrics`, `/v1/status`, the API document) need a client key or the admin token; the
+admin and peer routes keep their own guards, the probes stay open. A missing or unknown
+key is a 401 in the route's API shape. Without a keys file the routes stay open; a tenant
 the router names (signed, or unsigned on a daemon without an admin token) still salts
 the request's blocks. The tenant reaches the request path through a context variable
 (`current_tenant`). Keys are never logged.
@@ -18,7 +20,14 @@ from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from warmfleet_common.client_keys import KeysFile, check_key, presented_key
+from warmfleet_common.client_keys import (
+    SHOWS_DATA,
+    KeysFile,
+    check_key,
+    is_client_key,
+    presented_key,
+    reader_refusal,
+)
 from warmfleet_common.tenancy import TENANT_HEADER, TENANT_SIGNATURE_HEADER, tenant_refusal
 from warmfleet_daemon.api.errors import error_json, speaks_anthropic
 from warmfleet_daemon.settings import DaemonSettings
@@ -35,13 +44,22 @@ INFERENCE_PATHS = frozenset(
 )
 # Routes the router itself reads with the admin token.
 _ADMIN_READABLE = frozenset({"/v1/models"})
+# With a keys file these need the admin token or a client key (they show data);
+# the admin and peer routes have guards of their own, the probes stay open.
+READER_PATHS = SHOWS_DATA | {"/v1/status"}
 
 _TENANT: ContextVar[str | None] = ContextVar("warmfleet_tenant", default=None)
+_CLIENT_READER: ContextVar[bool] = ContextVar("warmfleet_client_reader", default=False)
 
 
 def current_tenant() -> str | None:
     """The tenant of the request being served (None: an open daemon, no tenant named)."""
     return _TENANT.get()
+
+
+def reads_with_client_key() -> bool:
+    """The request presents a client key, not the admin token (status: the public view)."""
+    return _CLIENT_READER.get()
 
 
 class Refused(Exception):
@@ -99,12 +117,25 @@ class ClientAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
-        if scope["type"] != "http" or path not in INFERENCE_PATHS:
+        reader = self.keys is not None and path in READER_PATHS
+        if scope["type"] != "http" or (path not in INFERENCE_PATHS and not reader):
             await self.app(scope, receive, send)
             return
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []
         }
+        if reader and self.keys is not None:
+            ring = self.keys.current()
+            refusal = reader_refusal(ring, headers, self.settings.admin_token)
+            if refusal is not None:
+                await _refuse(send, path, Refused(401, refusal.message, refusal.code))
+                return
+            marked = _CLIENT_READER.set(is_client_key(ring, headers))
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                _CLIENT_READER.reset(marked)
+            return
         try:
             tenant = tenant_of(self.settings, self.keys, path, headers)
         except Refused as refused:

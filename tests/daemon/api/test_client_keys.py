@@ -2,7 +2,8 @@
 `anthropic` SDKs (tiny random model): every inference route needs a key in its API's
 header (401 in that API's shape otherwise), keys kept hashed work, the file is read
 again when it changes, no key is ever logged, and only the router's signature names a
-tenant; health, metrics and status stay open."""
+tenant; metrics, status and the API document need a key or the admin token, and only
+the liveness and readiness probes stay open."""
 
 from __future__ import annotations
 
@@ -100,12 +101,26 @@ def test_anthropic_routes_take_x_api_key_and_answer_in_anthropic_shape(url: str)
     assert bearer.messages.create(model="tiny-random", max_tokens=2, messages=ASK).role  # type: ignore[arg-type]
 
 
-def test_other_routes_stay_as_they_were(url: str) -> None:
-    for path in ("/healthz", "/readyz", "/metrics", "/v1/status"):
+def test_every_route_that_shows_data_needs_a_key_but_the_probes(url: str) -> None:
+    for path in ("/healthz", "/readyz"):
         assert httpx.get(f"{url}{path}").status_code == 200, path
+    bearer_a = {"Authorization": f"Bearer {KEY_A}"}
+    for path in ("/metrics", "/v1/status", "/openapi.json", "/docs", "/redoc"):
+        refused = httpx.get(f"{url}{path}")
+        assert refused.status_code == 401, path
+        assert refused.json()["error"]["code"] == "missing_api_key", path
+        wrong = httpx.get(f"{url}{path}", headers={"Authorization": "Bearer sk-nobody-000000000"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{url}{path}", headers=bearer_a).status_code == 200, path
+        assert httpx.get(f"{url}{path}", headers={"x-api-key": KEY_B}).status_code == 200, path
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        assert httpx.get(f"{url}{path}", headers=admin).status_code == 200, path
+    # A client key reads the status's public view; the admin token its detail.
+    public = httpx.get(f"{url}/v1/status", headers=bearer_a).json()
+    detail = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    assert public != detail and len(str(public)) < len(str(detail))
     # Admin routes keep the admin token: a client key is no admin token.
-    headers = {"Authorization": f"Bearer {KEY_A}"}
-    assert httpx.get(f"{url}/v1/warm-sets", headers=headers).status_code == 403
+    assert httpx.get(f"{url}/v1/warm-sets", headers=bearer_a).status_code == 403
 
 
 def test_only_the_router_names_a_tenant(url: str) -> None:
