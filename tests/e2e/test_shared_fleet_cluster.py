@@ -130,8 +130,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedFleet]:
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         log.close()
+        # Its own admin token: with client keys its status detail answers only to that.
+        (workdir / "router-token").write_text(TOKEN)
         fleet.router = start_router(
             "--from-cluster", "--namespace", namespace, "--health-interval", "0.5",
+            "--admin-token-file", str(workdir / "router-token"),
             *fleet.tls(client_ca=False), *keys,
         )  # fmt: skip
         yield fleet
