@@ -63,21 +63,27 @@ def claude(
     max_output_tokens: int | None = None,
     timeout: float = 300,
     check: bool = True,
+    env: dict[str, str] | None = None,
 ) -> ClaudeRun:
     """`claude -p PROMPT --output-format stream-json --verbose ARGS` with HOME=home; with
     `check`, it must exit 0 (a turn that ends in an API error, also a reply cut at
-    CLAUDE_CODE_MAX_OUTPUT_TOKENS three times over, exits 1)."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": url,
-        "ANTHROPIC_API_KEY": "unused",
-        "ANTHROPIC_MODEL": model,
-        "ANTHROPIC_SMALL_FAST_MODEL": model,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
+    CLAUDE_CODE_MAX_OUTPUT_TOKENS three times over, exits 1); `env` adds to (or replaces)
+    its environment (a real key, a CA)."""
+    extra, env = (
+        env or {},
+        {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "ANTHROPIC_BASE_URL": url,
+            "ANTHROPIC_API_KEY": "unused",
+            "ANTHROPIC_MODEL": model,
+            "ANTHROPIC_SMALL_FAST_MODEL": model,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        },
+    )
     if max_output_tokens is not None:
         env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_output_tokens)
+    env |= extra
     done = subprocess.run(
         [str(CLAUDE), "-p", prompt, "--output-format", "stream-json", "--verbose", *args],
         env=env, cwd=cwd or home, capture_output=True, text=True, timeout=timeout,
@@ -162,11 +168,12 @@ def codex(
     timeout: float = 300,
     check: bool = True,
     idle_timeout_ms: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> CodexRun:
     """`codex exec --json --skip-git-repo-check ARGS PROMPT` (with `resume`: `codex exec
     resume THREAD PROMPT`, the thread's next turn), events timed as they arrive; with
-    `check`, it must exit 0 (a failed turn exits 1)."""
-    env = codex_home(home, url, model, idle_timeout_ms)
+    `check`, it must exit 0 (a failed turn exits 1); `env` adds to its environment."""
+    env = codex_home(home, url, model, idle_timeout_ms) | (env or {})
     verb = ["resume", resume] if resume else []
     command = [str(CODEX), "exec", "--json", "--skip-git-repo-check", *args, *verb, prompt]
     run = CodexRun()

@@ -24,6 +24,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from warmfleet_common.tls import TlsOptions, install_https
+
 
 @dataclass
 class Daemon:
@@ -100,13 +102,14 @@ def serve_refusal(
 
 
 @contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
+def serving(app: FastAPI, tls: TlsOptions | None = None) -> Iterator[str]:
     """`app` served by a real uvicorn on a free port, in a thread of the test process:
-    real HTTP (keep-alive, streaming, concurrency) with an engine the test holds."""
+    real HTTP (keep-alive, streaming, concurrency) with an engine the test holds; with
+    `tls`, HTTPS as `warmfleet serve --tls-cert` serves it."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    reloader = install_https(config, tls) if tls is not None else None
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -114,10 +117,12 @@ def serving(app: FastAPI) -> Iterator[str]:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        if reloader is not None:
+            reloader.stop()
 
 
 class QuietHandler(BaseHTTPRequestHandler):
