@@ -17,11 +17,21 @@ evicted from RAM that the disk still holds becomes a disk block, not a gone one.
 History and warm-set entries count as RAM (an estimate; a backend without events has
 said nothing about tiers).
 
+One walk for the fleet (`predict_fleet`): beside each backend's entries the index keeps,
+per block key, which backends hold it as bitsets over backend slots (held by events, held
+but not in RAM, with logits, in history, in a warm set), as Dynamo's and llm-d's
+indexers map a block to its workers. A request's blocks are walked once, the set of
+backends still holding its run narrowing at each block, so routing costs O(request
+blocks) whatever the fleet's size, and predicts what `predict_tiers` predicts for each
+backend (a property test holds the two together).
+
 The index has a byte budget: past it, the backend holding the most entries loses its
 newest precise ones (a snapshot keeps its shallow blocks, the prefixes every longer
 request needs; a flood of `stored` events from one backend costs only that backend) or
 its least recently routed history ones. Each entry is costed at ENTRY_BYTES, measured
-with tracemalloc (a 16-byte key in a dict: ~100 bytes; in an OrderedDict: ~155). A
+with tracemalloc (a 16-byte key in a dict: ~100 bytes; in an OrderedDict: ~155; the
+key's holders, when no other backend holds it: ~110 more; shared by ten backends, ~50
+bytes an entry in all). A
 precise entry's value packs its logits flag and one bit per tier into one small int
 (below 256 up to seven tiers): CPython's shared small ints, so the tiers add no bytes
 to an entry.
@@ -30,8 +40,9 @@ to an entry.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from warmfleet_common.chunking import BlockKey
 from warmfleet_common.tiers import FASTEST, NO_TOKENS, TIERS, Tier, TierTokens
@@ -39,7 +50,7 @@ from warmfleet_router.keys import RequestBlocks
 
 DEFAULT_HISTORY_BLOCKS = 200_000
 DEFAULT_BUDGET_BYTES = 64 << 20
-ENTRY_BYTES = 160
+ENTRY_BYTES = 288
 
 # A precise entry's value: bit 0 the logits flag, then one bit per tier holding it, in
 # TIERS order (so the lowest tier bit set is the fastest tier).
@@ -49,6 +60,9 @@ _ANY_TIER = sum(_TIER_BIT.values())
 
 # One snapshot entry: key, logits, and the tiers holding it (RAM when left out).
 SnapshotEntry = tuple[BlockKey, bool] | tuple[BlockKey, bool, Iterable[Tier]]
+
+# A key's holders: one bitset over backend slots for each of these.
+_HELD, _NOT_RAM, _WITH_LOGITS, _HISTORY, _PINNED = range(5)
 
 
 @dataclass(eq=False)
@@ -77,6 +91,11 @@ class BlockIndex:
         self.budget_bytes = budget_bytes
         self._max_entries = max(1, budget_bytes // ENTRY_BYTES)
         self.dropped: dict[str, int] = {}  # entries dropped for the budget, per backend
+        # The inverted index: key -> holders (bitsets over slots, see _HELD...).
+        self._holders: dict[BlockKey, list[int]] = {}
+        self._slots: dict[str, int] = {}  # backend -> its bit
+        self._free_slots: list[int] = []
+        self._precise_slots = 0  # the bits of backends with events
 
     # -- precise: a daemon's cache events ---------------------------------------
 
@@ -85,13 +104,22 @@ class BlockIndex:
         for key, logits, *tiers in blocks:
             held = sum({_TIER_BIT[t] for t in tiers[0]}) if tiers else _TIER_BIT[FASTEST]
             entries[key] = held | (_LOGITS if logits else 0)
+        bit = self._slot(backend)
+        for key, bits in self._precise.get(backend, {}).items():
+            self._unmark_precise(key, bits, bit)
         self._precise[backend] = entries
+        self._precise_slots |= bit
+        for key, bits in entries.items():
+            self._mark_precise(key, bits, bit)
         self._keep_budget()
 
     def stored(self, backend: str, key: BlockKey, logits: bool, tier: Tier = FASTEST) -> None:
         held = self._precise.setdefault(backend, {})
+        bit = self._slot(backend)
+        self._precise_slots |= bit
         bits = (held.get(key, 0) & _ANY_TIER) | _TIER_BIT[tier]
-        held[key] = bits | (_LOGITS if logits else 0)
+        held[key] = bits = bits | (_LOGITS if logits else 0)
+        self._mark_precise(key, bits, bit)
         self._keep_budget()
 
     def evicted(self, backend: str, key: BlockKey, tier: Tier = FASTEST) -> None:
@@ -103,11 +131,17 @@ class BlockIndex:
         bits &= ~_TIER_BIT[tier]
         if bits & _ANY_TIER:
             held[key] = bits
+            self._mark_precise(key, bits, self._slots[backend])
         else:
             del held[key]
+            self._unmark_precise(key, bits, self._slots[backend])
 
     def cleared(self, backend: str) -> None:
+        bit = self._slot(backend)
+        for key, bits in self._precise.get(backend, {}).items():
+            self._unmark_precise(key, bits, bit)
         self._precise[backend] = {}
+        self._precise_slots |= bit
 
     def is_precise(self, backend: str) -> bool:
         return backend in self._precise
@@ -118,18 +152,25 @@ class BlockIndex:
         if backend in self._precise:
             return  # the events say what it really stored
         seen = self._history.setdefault(backend, OrderedDict())
+        bit = self._slot(backend)
         for key in blocks.keys:
             seen[key] = None
             seen.move_to_end(key)
+            self._mark(key, _HISTORY, bit)
         while len(seen) > self._history_blocks:
-            seen.popitem(last=False)
+            self._unmark(seen.popitem(last=False)[0], _HISTORY, bit)
         self._keep_budget()
 
     # -- warm sets: what a backend pins -----------------------------------------
 
     def set_pinned(self, backend: str, keys: Iterable[BlockKey]) -> None:
         """The blocks of every warm prompt of a pinned set on this backend (replaces)."""
-        self._pinned[backend] = frozenset(keys)
+        bit = self._slot(backend)
+        for key in self._pinned.get(backend, ()):
+            self._unmark(key, _PINNED, bit)
+        self._pinned[backend] = pinned = frozenset(keys)
+        for key in pinned:
+            self._mark(key, _PINNED, bit)
         self._keep_budget()
 
     def set_shared(self, backend: str, keys: Iterable[BlockKey]) -> None:
@@ -171,11 +212,14 @@ class BlockIndex:
                 return  # only warm sets left: bounded by their read limit
             trimmed = 0
             precise, history = self._precise.get(backend), self._history.get(backend)
+            bit = self._slots[backend]
             while over > 0 and precise:
-                precise.popitem()  # the newest: a snapshot keeps its shallow blocks
+                key, bits = precise.popitem()  # the newest: a snapshot keeps its shallow blocks
+                self._unmark_precise(key, bits, bit)
                 over, trimmed = over - 1, trimmed + 1
             while over > 0 and history:
-                history.popitem(last=False)  # the least recently routed
+                key, _ = history.popitem(last=False)  # the least recently routed
+                self._unmark(key, _HISTORY, bit)
                 over, trimmed = over - 1, trimmed + 1
             self.dropped[backend] = self.dropped.get(backend, 0) + trimmed
 
@@ -212,11 +256,19 @@ class BlockIndex:
     def forget(self, backend: str, *, keep_pinned: bool = False) -> None:
         """Nothing is known about this backend any more (gone, restarted, resyncing);
         `keep_pinned`: except its warm sets (they are read on their own)."""
-        self._precise.pop(backend, None)
-        self._history.pop(backend, None)
+        bit = self._slots.get(backend, 0)  # 0: it never held a block
+        for key, bits in self._precise.pop(backend, {}).items():
+            self._unmark_precise(key, bits, bit)
+        for key in self._history.pop(backend, ()):
+            self._unmark(key, _HISTORY, bit)
+        self._precise_slots &= ~bit
         if not keep_pinned:
-            self._pinned.pop(backend, None)
+            for key in self._pinned.pop(backend, ()):
+                self._unmark(key, _PINNED, bit)
             self._shared.pop(backend, None)
+            if bit:  # nothing of it is left: its bit is free
+                del self._slots[backend]
+                self._free_slots.append(bit.bit_length() - 1)
 
     def predict(self, backend: str, blocks: RequestBlocks) -> int:
         """Prompt tokens this backend would serve from its cache."""
@@ -256,6 +308,29 @@ class BlockIndex:
             start = end
         return TierTokens(tokens)
 
+    def predict_fleet(self, requests: Mapping[str, RequestBlocks]) -> dict[str, Prediction]:
+        """For each backend, the request's blocks as it keys them (`on`) and what it would
+        serve from its cache (`predict_tiers`), in one walk of the blocks per distinct
+        keying (a model's layout, a set of blocks shared with every tenant) rather than
+        one per backend."""
+        groups: dict[tuple[int, frozenset[BlockKey]], tuple[RequestBlocks, list[str]]] = {}
+        slots = self._slots
+        for backend, blocks in requests.items():
+            shared = self._shared.get(backend, frozenset()) if blocks.unsalted else frozenset()
+            group = groups.get((id(blocks), shared))
+            if group is None:
+                group = groups[(id(blocks), shared)] = (self.on(backend, blocks), [])
+            group[1].append(backend)
+        out: dict[str, Prediction] = {}
+        for keyed, members in groups.values():
+            mask = 0
+            for backend in members:
+                mask |= slots.get(backend, 0)
+            hits = self._walk(keyed, mask)
+            for backend in members:
+                out[backend] = Prediction(keyed, hits.get(slots.get(backend, 0), NO_TOKENS))
+        return out
+
     def tiers(self, backend: str, key: BlockKey) -> frozenset[Tier]:
         """The tiers a backend's events say hold `key` (empty: none known)."""
         bits = self._precise.get(backend, {}).get(key, 0)
@@ -271,3 +346,124 @@ class BlockIndex:
             return len(precise)
         held = self._history.get(backend, OrderedDict())
         return len(held) + sum(key not in held for key in self._pinned.get(backend, ()))
+
+    # -- the inverted index: helpers ---------------------------------------------------
+
+    def _slot(self, backend: str) -> int:
+        """The bit of `backend` in the holders' bitsets (a new one, or a freed one)."""
+        bit = self._slots.get(backend)
+        if bit is None:
+            slot = self._free_slots.pop() if self._free_slots else len(self._slots)
+            bit = self._slots[backend] = 1 << slot
+        return bit
+
+    def _mark(self, key: BlockKey, kind: int, bit: int) -> None:
+        holders = self._holders.get(key)
+        if holders is None:
+            holders = self._holders[key] = [0, 0, 0, 0, 0]
+        holders[kind] |= bit
+
+    def _unmark(self, key: BlockKey, kind: int, bit: int) -> None:
+        holders = self._holders.get(key)
+        if holders is None:
+            return
+        holders[kind] &= ~bit
+        if not any(holders):
+            del self._holders[key]
+
+    def _mark_precise(self, key: BlockKey, bits: int, bit: int) -> None:
+        """`key` is held by this slot's events with `bits` (tiers and logits), replacing
+        what was marked before."""
+        holders = self._holders.get(key)
+        if holders is None:
+            holders = self._holders[key] = [0, 0, 0, 0, 0]
+        holders[_HELD] |= bit
+        if bits & _TIER_BIT[FASTEST]:
+            holders[_NOT_RAM] &= ~bit
+        else:
+            holders[_NOT_RAM] |= bit
+        if bits & _LOGITS:
+            holders[_WITH_LOGITS] |= bit
+        else:
+            holders[_WITH_LOGITS] &= ~bit
+
+    def _unmark_precise(self, key: BlockKey, bits: int, bit: int) -> None:
+        holders = self._holders.get(key)
+        if holders is None:
+            return
+        holders[_HELD] &= ~bit
+        holders[_NOT_RAM] &= ~bit
+        holders[_WITH_LOGITS] &= ~bit
+        if not any(holders):
+            del self._holders[key]
+
+    def _walk(self, blocks: RequestBlocks, slots: int) -> dict[int, TierTokens]:
+        """The cached tokens of each backend in `slots` (by bit) that holds at least the
+        request's first block, walking its blocks once: the backends still holding the
+        run narrow at each block. What `predict_tiers` says, for every backend at once."""
+        keys, ends = blocks.keys, blocks.ends
+        if not keys or not slots:
+            return {}
+        precise = self._precise_slots
+        estimated = ~precise
+        runs: dict[int, int] = {}  # bit -> blocks in its run
+        off_ram: list[tuple[int, int]] = []  # (index, bits) of precise blocks not in RAM
+        alive = slots
+        for index, key in enumerate(keys):
+            holders = self._holders.get(key)
+            held = 0
+            if holders is not None:
+                held = holders[_HELD] & precise | (holders[_HISTORY] | holders[_PINNED]) & estimated
+                if holders[_NOT_RAM] & alive:
+                    off_ram.append((index, holders[_NOT_RAM] & alive))
+            for bit in _bits(alive & ~held):
+                runs[bit] = index
+            alive &= held
+            if not alive:
+                break
+        else:  # those holding every block need the final block's logits
+            holders = self._holders[keys[-1]]
+            logits = holders[_WITH_LOGITS] & precise | holders[_HISTORY] & estimated
+            for bit in _bits(alive):
+                runs[bit] = len(keys) if bit & logits else len(keys) - 1
+        out: dict[int, TierTokens] = {}
+        names = {bit: name for name, bit in self._slots.items()} if off_ram else {}
+        in_ram: dict[int, TierTokens] = {}  # one object per run length: most runs are alike
+        for bit, run in runs.items():
+            if not run:
+                continue
+            if not bit & precise or not off_ram:
+                hit = in_ram.get(run)
+                if hit is None:
+                    hit = in_ram[run] = TierTokens({FASTEST: ends[run - 1]})
+                out[bit] = hit
+                continue
+            tokens = dict.fromkeys(TIERS, 0)
+            tokens[FASTEST] = ends[run - 1]
+            entries = self._precise[names[bit]]
+            for index, where in off_ram:
+                if index >= run:
+                    break
+                if where & bit:  # the fastest tier holding it, RAM excepted
+                    entry = entries[keys[index]]
+                    tier = next(t for t, tier_bit in _TIER_BIT.items() if entry & tier_bit)
+                    size = ends[index] - (ends[index - 1] if index else 0)
+                    tokens[tier] += size
+                    tokens[FASTEST] -= size
+            out[bit] = TierTokens(tokens)
+        return out
+
+
+class Prediction(NamedTuple):
+    """One backend's view of a request: its blocks as it keys them, and its hit."""
+
+    blocks: RequestBlocks
+    hit: TierTokens
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """The set bits of `mask`, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low
+        mask ^= low

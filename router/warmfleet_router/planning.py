@@ -112,13 +112,18 @@ class Planner:
         if prepared.invalid is not None:  # the daemons check the model first, and so do we
             raise RequestInvalid(prepared.invalid)
         backends = [b for b in members.backends.values() if b.name in admitted]
-        blocks = {
-            b.name: self.index.on(b.name, prepared.blocks.get(members.fingerprint_of(b), EMPTY))
-            if keyed
-            else EMPTY
-            for b in backends
-        }
-        hits = {b.name: self.index.predict_tiers(b.name, blocks[b.name]) for b in backends}
+        # One walk of the request's blocks per model layout for the whole fleet (the
+        # backends a peer copy may come from included), not one per backend.
+        holding = [b for b in members.backends.values() if self._may_hold(b)] if keyed else []
+        seen = {b.name: b for b in (*backends, *holding)}
+        predictions = self.index.predict_fleet(
+            {
+                name: prepared.blocks.get(members.fingerprint_of(b), EMPTY) if keyed else EMPTY
+                for name, b in seen.items()
+            }
+        )
+        blocks = {b.name: predictions[b.name].blocks for b in backends}
+        hits = {b.name: predictions[b.name].hit for b in backends}
         candidates = [scored(b, hits[b.name]) for b in backends]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
         turn = self.next_turn()
@@ -132,23 +137,23 @@ class Planner:
         decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
         sources = {b.name: source(b) for b in backends}
-        holders = self._holders(prepared.blocks) if keyed else {}
+        holders = {
+            b.name: predictions[b.name].hit.total
+            for b in holding
+            if predictions[b.name].blocks.keys and members.fingerprint_of(b) in prepared.blocks
+        }
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
         self.metrics.decision(route.name, time.monotonic() - arrived)
         return Plan(decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders)
 
-    def _holders(self, keyed: Mapping[str, RequestBlocks]) -> dict[str, int]:
-        """Cached tokens predicted on each backend a peer copy may come from: ready or
-        draining (a draining daemon still serves its blocks), with a layout of its own."""
-        out: dict[str, int] = {}
-        for b in self.members.backends.values():
-            if b.health not in ("ready", "draining") or b.fingerprint is None:
-                continue
-            fingerprint = self.members.fingerprint_of(b)
-            request = keyed.get(fingerprint) if fingerprint != MESSAGE_KEYS else None
-            if request is not None and request.keys:
-                out[b.name] = self.index.predict(b.name, self.index.on(b.name, request))
-        return out
+    def _may_hold(self, b: Backend) -> bool:
+        """Whether a peer copy may come from `b`: ready or draining (a draining daemon
+        still serves its blocks), with a layout of its own."""
+        return (
+            b.health in ("ready", "draining")
+            and b.fingerprint is not None
+            and self.members.fingerprint_of(b) != MESSAGE_KEYS
+        )
 
     def spill_peer(self, plan: Plan, backend: Backend) -> Backend | None:
         """The backend holding more of this request's blocks than `backend` does (the
