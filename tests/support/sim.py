@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
@@ -29,7 +30,11 @@ def write_profile(path: Path, context_length: int = 8192) -> Path:
 
 
 def consecutive_free_ports(count: int) -> int:
-    for base in range(21000, 60000, 97):
+    """The first of `count` consecutive ports free now. Bases are tried from a random
+    one: test workers (`pytest -n 2`) scanning in the same order took the same ports."""
+    bases = list(range(21000, 60000, 97))
+    start = random.randrange(len(bases))
+    for base in bases[start:] + bases[:start]:
         try:
             held = []
             for port in range(base, base + count):
