@@ -89,6 +89,10 @@ def test_the_header_says_where_every_number_comes_from(trace: Any) -> None:
         assert "measured here" in sources[f"{agent}.first_request"]
         assert "TraceLab" in sources[f"{agent}.output"]
     assert "assumption" in sources["human_wait_s"]
+    # Configured or derived numbers say so, not "measured" (compact_at is make run's setting).
+    assert sources["compaction.compact_at"].startswith("configured:")
+    for derived in ("compaction.summary_tokens", "compaction.instruction_tokens"):
+        assert sources[derived].startswith("estimated from what was measured here:")
 
 
 def _all_requests(trace: Any, limit: int = 40) -> list[tuple[list[Any], list[Any]]]:

@@ -1,6 +1,6 @@
 """The numbers an agent-population trace is drawn from, each with where it comes from.
 
-Three kinds of source, said for each number (and copied into every trace's header):
+Five kinds of source, said for each number (and copied into every trace's header):
 
 - measured here: this repository's own recordings of the real CLIs (README.md, "Warm
   the coding agents" and "The agents' layouts"; docs/PERFORMANCE.md, "Claude Code and
@@ -10,6 +10,11 @@ Three kinds of source, said for each number (and copied into every trace's heade
   Workloads for LLM Serving", arXiv 2606.30560; https://tracelab.cs.washington.edu),
   4,265 Claude Code and Codex sessions of 43 developers' day-to-day use, and a few
   other public figures, each named where it is used.
+- estimated from what was measured here: a number derived from a recording rather
+  than read off it (a size in characters turned into tokens, a part of a request
+  inferred from the rest).
+- configured: a setting of this project's (what `warmfleet up` tells an agent to use),
+  not the agent's own behaviour.
 - assumption: a number nobody measured that the trace still needs; every one is a
   parameter (`TraceParams`, `warmfleet sim trace --help`) and says "assumption".
 
@@ -187,19 +192,22 @@ SESSION_STARTS = "assumption: sessions start uniformly over the working hours"
 COMPACTION: dict[str, tuple[float, str]] = {
     "instruction_tokens": (
         1_750,
-        "measured here: Claude Code's compaction request is the whole conversation and a "
-        "~7 KB instruction to summarise it (docs/PERFORMANCE.md, Claude Code's long session)",
+        "estimated from what was measured here: Claude Code's compaction request is the "
+        "whole conversation and a ~7 KB instruction to summarise it (docs/PERFORMANCE.md, "
+        "Claude Code's long session), 7 KB taken as ~1,750 tokens at ~4 characters a token",
     ),
     "summary_tokens": (
         700,
-        "measured here, roughly: the request after a compaction carries ~3,000 new tokens, "
-        "the summary, the date, the user's words and a 9 KB system message (2,332 tokens); "
-        "the summary is what is left (docs/PERFORMANCE.md)",
+        "estimated from what was measured here: the request after a compaction carries "
+        "~3,000 new tokens, the summary, the date, the user's words and a 9 KB system "
+        "message (2,332 tokens); the summary is taken as what is left (docs/PERFORMANCE.md)",
     ),
     "compact_at": (
         0.75,
-        "measured here: Claude Code compacted at 24,000 tokens of a 32,768-token context "
-        "with the settings `warmfleet up` prints (docs/PERFORMANCE.md); Codex assumed alike",
+        "configured: the threshold `warmfleet up`'s ready block sets for Claude Code "
+        "(its own default compacts later), seen at work here: it compacted at 24,000 tokens "
+        "of a 32,768-token context with those settings (docs/PERFORMANCE.md); Codex assumed "
+        "alike",
     ),
 }
 SERVICE_TIME: dict[str, tuple[float, str]] = {
