@@ -40,10 +40,19 @@ FUNCTION = {
 }
 
 
+CAPTURED = "warmfleet captured the warm prompt"  # what the reply says when it captured
+
+
+def said_captured(text: str | None) -> bool:
+    """The reply says its request was captured (and not that it was "not captured")."""
+    return text is not None and text.startswith(CAPTURED) and "not captured" not in text
+
+
 class Run:
     def __init__(self, port: int, out: Path) -> None:
         self.port, self.out = port, out
         self.code: int | None = None
+        self.ended: float | None = None  # time.monotonic() when the command returned
         self.url = f"http://127.0.0.1:{port}"
 
     def entries(self) -> list[dict[str, Any]]:
@@ -59,6 +68,7 @@ def capturing(tmp_path: Path, *args: str, out: str = "agents.json") -> Iterator[
 
     def target() -> None:
         run.code = main(argv)
+        run.ended = time.monotonic()
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
@@ -113,7 +123,8 @@ def test_the_anthropic_sdk_gets_a_reply_and_its_prompt_is_written(
         else:
             message = claude(run).messages.create(**request)
     assert message.stop_reason == "end_turn"
-    assert "captured" in message.content[0].text and str(run.out) in message.content[0].text
+    (block,) = message.content
+    assert block.type == "text" and said_captured(block.text) and str(run.out) in block.text
     assert run.code == 0
     expected = warm_prompt("anthropic", request, "anthropic-agent")
     assert run.entries() == [expected.model_dump(mode="json", exclude_none=True)]
@@ -148,7 +159,7 @@ def test_the_openai_sdks_responses_and_chat_get_replies(tmp_path: Path, stream: 
                 response = events.get_final_response()
         else:
             response = oai(run).responses.create(**responses_request)
-    assert response.status == "completed" and "captured" in response.output_text
+    assert response.status == "completed" and said_captured(response.output_text)
     assert run.code == 0
     (entry,) = run.entries()
     assert entry == {
@@ -172,7 +183,7 @@ def test_the_openai_sdks_responses_and_chat_get_replies(tmp_path: Path, stream: 
             assert chunks[-1].choices[0].finish_reason == "stop"
         else:
             text = oai(run).chat.completions.create(**chat_request).choices[0].message.content
-    assert "captured" in text and run.code == 0
+    assert said_captured(text) and run.code == 0
     assert [e["name"] for e in run.entries()] == ["codex-like", "chat-agent"]
     assert run.entries()[1] == {
         "name": "chat-agent",
@@ -188,7 +199,9 @@ def test_what_is_not_captured_is_answered_and_the_capture_goes_on(tmp_path: Path
         first = claude(run).messages.create(
             model="m", max_tokens=1, messages=[{"role": "user", "content": "quota"}]
         )
-        assert "not captured" in first.content[0].text and not run.out.exists()
+        (block,) = first.content
+        assert block.type == "text" and block.text.startswith("warmfleet capture: not captured")
+        assert not run.out.exists()
         claude(run).messages.create(
             model="m", max_tokens=5, system=SYSTEM, messages=[{"role": "user", "content": "Hi"}]
         )
@@ -233,7 +246,7 @@ def test_a_side_request_sent_along_is_answered_and_the_agents_own_is_captured(
         time.sleep(0.2)
         send("own", own)
         side.join(timeout=10)
-    assert "not captured" in replies["title"] and "captured" in replies["own"]
+    assert "not captured" in replies["title"] and said_captured(replies["own"])
     assert run.code == 0
     assert run.entries() == [
         {"name": "opencode", "messages": own["messages"][:1], "tools": own["tools"]}
@@ -258,8 +271,10 @@ def test_requests_after_the_capture_are_answered_until_the_endpoint_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Qwen Code sends its memory extraction ~4 s after its turn ends: answered, not
-    captured, and the endpoint stops LINGER_S after the last request."""
-    monkeypatch.setattr(capture, "LINGER_S", 1.0)
+    captured, and the endpoint stops LINGER_S after the last request: the late request
+    re-arms the linger, so the endpoint outlives the first linger by the time between."""
+    linger = 1.0
+    monkeypatch.setattr(capture, "LINGER_S", linger)
     request: dict[str, Any] = {
         "model": "default",
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],
@@ -267,14 +282,17 @@ def test_requests_after_the_capture_are_answered_until_the_endpoint_stops(
     }
     with capturing(tmp_path) as run:
         first = oai(run).chat.completions.create(**request)
-        time.sleep(0.5)
+        time.sleep(linger / 2)
+        late_sent = time.monotonic()
         later = oai(run).chat.completions.create(
             **{**request, "messages": [{"role": "system", "content": "Extract memories."}]}
         )
-        stopped_after = time.monotonic()
-    assert "captured" in str(first.choices[0].message.content)
+    assert said_captured(first.choices[0].message.content)
     assert "already took its request" in str(later.choices[0].message.content)
-    assert time.monotonic() - stopped_after < 10 and run.code == 0
+    assert run.ended is not None and run.code == 0
+    # Stopped a whole linger after the late request (not at the first one's linger, which
+    # ended linger / 2 after it), and not much later.
+    assert linger <= run.ended - late_sent < linger + 3
     (entry,) = run.entries()
     assert entry["messages"] == request["messages"][:1]
 

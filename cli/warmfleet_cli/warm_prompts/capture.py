@@ -263,17 +263,14 @@ async def _elsewhere(request: Request) -> Response:
     return JSONResponse({"error": {"message": message, "type": "not_found_error"}}, 404)
 
 
-def _reply(
-    api: ApiName, body: dict[str, Any], model: str, text: str, then: BackgroundTask | None = None
-) -> Response:
+def _reply(api: ApiName, body: dict[str, Any], model: str, text: str) -> Response:
     if body.get("stream") is True:
         return StreamingResponse(
             replies.stream(api, model, text),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
-            background=then,
         )
-    return JSONResponse(replies.reply(api, model, text), background=then)
+    return JSONResponse(replies.reply(api, model, text))
 
 
 def bind(host: str, port: int) -> socket.socket:
