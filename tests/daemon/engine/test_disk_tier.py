@@ -234,12 +234,15 @@ def test_a_chain_whose_parent_left_ram_meanwhile_goes_on_on_disk(tiny, make_engi
     assert again == expected and usage.cached_tokens == 88
 
 
-def test_events_and_the_snapshot_say_which_tier_holds_a_block(tiny, make_engine, setup) -> None:
+def test_events_and_the_disk_tiers_held_blocks_say_which_tier_holds_a_block(
+    tiny, make_engine, setup
+) -> None:
+    """The cache event log follows the disk tier through its own `tier_listener` (as the
+    assembly wires it); the snapshot built from `held()` is tested over HTTP behind a
+    router in tests/router/test_disk_tier_routing.py."""
     events = CacheEventLog[Any](lambda payload: payload.logits is not None)
     setup.engine.cache.listeners.append(events.record)
-    setup.disk.listeners.append(
-        lambda kind, e: events.record_block(kind, e.key, e.parent, e.start, e.end, e.logits, "disk")
-    )
+    setup.disk.listeners.append(events.tier_listener(setup.disk.name))
     a = prompt(6)
     ask(setup.engine, a)
     evict(setup, a)
