@@ -397,21 +397,6 @@ def test_servicemonitor_scrapes_the_router_service() -> None:
     )
 
 
-def test_client_keys_without_a_key_for_prometheus_are_refused() -> None:
-    args = [
-        "template",
-        "warmfleet",
-        str(CHART),
-        "--api-versions",
-        "monitoring.coreos.com/v1/ServiceMonitor",
-    ]
-    for s in ("monitoring.serviceMonitor.enabled=true", "router.enabled=true",
-              "router.apiKeys.existingSecret=client-keys"):  # fmt: skip
-        args += ["--set", s]
-    done = helm(*args, check=False)
-    assert done.returncode != 0 and "monitoring.apiKeySecret.existingSecret" in done.stderr
-
-
 KEYED = {"type": "Bearer", "credentials": {"name": "prometheus-client-key", "key": "key"}}
 
 
