@@ -1,7 +1,7 @@
-"""`warmfleet sim replay`: a short trace's sessions replayed closed-loop against two
-simulated daemons in one process; every step is served, each session's later steps
-read their conversation from the cache, and a trace longer than the fleet's context is
-refused before anything is sent."""
+"""`warmfleet sim replay`: a short trace's sessions replayed closed-loop through the
+router of `warmfleet up --engine sim --nodes 3`; every step is served, each session's
+later steps stay on its node and read their conversation from the cache, and a trace
+longer than the fleet's context is refused before anything is sent."""
 
 from __future__ import annotations
 
@@ -12,42 +12,42 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from support.processes import interrupt
 from support.sim import consecutive_free_ports, write_profile
 
 SPEED = "240"  # the trace's compression: a working day in two minutes
+NODES = 3
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`warmfleet up --engine sim --nodes 3`: the router, the local operator and three
+    simulated daemons in one process; yields the router's URL."""
     folder = tmp_path_factory.mktemp("replay")
-    profile = write_profile(folder / "mac.json", context_length=32768)
-    port = consecutive_free_ports(1)
-    log = (folder / "serve.log").open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "warmfleet_cli", "serve", "--engine", "sim",
-            "--profile", str(profile), "--sim-speed", SPEED, "--nodes", "1",
-            "--port", str(port), "--log-level", "warning",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert process.poll() is None, (folder / "serve.log").read_text()
-        assert time.monotonic() < deadline
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    yield url
+    # Room for every session's conversation: what this test checks is that they are
+    # found where they are, not how the cache evicts (the sim daemon tests do that).
+    profile = write_profile(folder / "mac.json", context_length=32768, memory_gib=16)
+    port = consecutive_free_ports(NODES + 1)
+    log_path = folder / "up.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "warmfleet_cli", "up", "--engine", "sim",
+                "--profile", str(profile), "--sim-speed", SPEED, "--nodes", str(NODES),
+                "--sim-per-process", str(NODES), "--port", str(port),
+                "--dir", str(folder / "fleet"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while "warmfleet up: ready" not in log_path.read_text():
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.3)
+    yield f"http://127.0.0.1:{port}"
     interrupt(process)
 
 
@@ -69,7 +69,7 @@ def test_sessions_replay_and_continue_from_the_cache(fleet: str, tmp_path: Path)
     done = subprocess.run(
         [
             sys.executable, "-m", "warmfleet_cli", "sim", "replay", str(path), "--url", fleet,
-            "--sessions", "2", "--out", str(rows),
+            "--sessions", str(2 * NODES), "--out", str(rows),
         ],
         capture_output=True,
         text=True,
@@ -77,11 +77,17 @@ def test_sessions_replay_and_continue_from_the_cache(fleet: str, tmp_path: Path)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["failed"] == 0 and result["sessions"] == 2
+    assert result["failed"] == 0 and result["sessions"] == 2 * NODES
     outcomes = [json.loads(line) for line in rows.read_text().splitlines()]
     assert len(outcomes) == result["requests"] > 3
     later = [o for o in outcomes if o["turn"] > 0 and o["kind"] == "tool"]
-    assert later and all(o["cached_tokens"] > 0.5 * o["prompt_tokens"] for o in later)
+    cold = [o for o in later if o["cached_tokens"] <= 0.5 * o["prompt_tokens"]]
+    assert later and not cold, [(o["session"], o["turn"], o["node"]) for o in cold]
+    # Through the router: each session's turns stay on the node holding its conversation.
+    nodes: dict[str, set[str]] = {}
+    for o in outcomes:
+        nodes.setdefault(o["session"], set()).add(o["node"])
+    assert len(nodes) == 2 * NODES and all(len(n) == 1 and None not in n for n in nodes.values())
     assert all(o["ttft_s"] is not None and o["ttft_s"] > 0 for o in outcomes)
     assert "rolling-restart at trace second" in done.stderr  # said, not silently skipped
 

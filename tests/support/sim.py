@@ -9,7 +9,9 @@ from pathlib import Path
 from warmfleet_common.perf_profile import PerfProfile, RatePoint, dump_profile
 
 
-def write_profile(path: Path, context_length: int = 8192) -> Path:
+def write_profile(path: Path, context_length: int = 8192, memory_gib: int = 2) -> Path:
+    """A profile of made-up, round figures: KV of 128 KiB a token, so 2 GiB of cache
+    holds 16,384 tokens (a test fills it quickly: sessions of 10k tokens need more)."""
     profile = PerfProfile(
         name="test-mac",
         machine="a Mac in a test",
@@ -19,7 +21,7 @@ def write_profile(path: Path, context_length: int = 8192) -> Path:
         block_size=64,
         kv_bytes_per_token=131072,
         logits_bytes=600_000,
-        memory_budget_bytes=2 << 30,
+        memory_budget_bytes=memory_gib << 30,
         prefill=(RatePoint(at=0, tokens_per_s=2000), RatePoint(at=8192, tokens_per_s=800)),
         decode=(RatePoint(at=1, tokens_per_s=40), RatePoint(at=8, tokens_per_s=20)),
         decode_reference_context=1024,
