@@ -61,7 +61,7 @@ class SlowFirstPrefill(ScriptedModel):
 @contextmanager
 def scripted_daemon(
     *turns: str, slow_first_prefill: float = 0.0
-) -> Iterator[tuple[str, Recorder, ScriptedModel]]:
+) -> Iterator[tuple[str, Recorder, SlowFirstPrefill]]:
     """A daemon whose model says `turns[n]` on the n-th assistant turn, with a context
     the agents' ~13k-token requests fit in; yields its URL, the requests it was sent
     and the model (the prompts it was asked to continue)."""
