@@ -66,10 +66,15 @@ class EventsReset(_Wire):
 
 
 class EventsHeartbeat(_Wire):
-    """Nothing happened; `seq` is the last event number sent on this stream."""
+    """Nothing happened to the cache; `seq` is the last event number sent on this stream.
+    A daemon also says here what a router would otherwise poll for: whether it serves or
+    drains (a heartbeat goes out at once when it starts draining), and a digest of its
+    warm sets that changes whenever they do (None from older daemons)."""
 
     type: Literal["heartbeat"] = "heartbeat"
     seq: Seq
+    state: Literal["serving", "draining"] | None = None
+    warm_sets: str | None = Field(None, max_length=64)
 
 
 class _BlockEvent(_Wire):

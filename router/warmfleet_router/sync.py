@@ -86,6 +86,10 @@ class SyncOptions:
     retry: float = 2.0
     max_retry: float = 60.0  # backoff after repeated trouble doubles up to this
     no_events_retry: float = 60.0  # a backend known to serve no events is asked this often
+    # While a backend's live event stream says its state and warm sets (its heartbeats),
+    # /readyz, its models and its warm sets are read this often instead: the stream says
+    # when it drains, restarts or changes its warm sets, and its end wakes the health check.
+    quiet_interval: float = 30.0
     limits: ReadLimits = field(default_factory=ReadLimits)
 
 
@@ -134,6 +138,12 @@ class BackendSync:
         self._created = time.monotonic()
         self._was_ready = False
         self._logged_starting: dict[str, str] = {}
+        # What its event stream says (see SyncOptions.quiet_interval).
+        self._heard_at = -math.inf  # monotonic time of the stream's last line
+        self._beats_state = False  # its heartbeats say serving / draining
+        self._warm_digest: str | None = None  # its heartbeats' digest of its warm sets
+        self._wake_health = asyncio.Event()  # the stream ended, or the daemon restarted
+        self._warm_changed = asyncio.Event()
 
     def start(self) -> None:
         name = self.backend.name
@@ -256,7 +266,8 @@ class BackendSync:
             return
         if answer.status == 200:
             now = asyncio.get_running_loop().time()
-            stale = now - self._models_read >= self._options.models_interval
+            every = self._options.quiet_interval if self.quiet() else self._options.models_interval
+            stale = now - self._models_read >= every
             if backend.health != "ready" or stale:  # it may have restarted with another model
                 await self.read_models()
                 self._models_read = now
@@ -309,15 +320,27 @@ class BackendSync:
         backend.models = frozenset(names) or None
         backend.context_length = max(lengths) if lengths else None
 
+    def quiet(self) -> bool:
+        """Whether its live event stream says what polling would (and so polls are rare)."""
+        return (
+            self._beats_state
+            and self.backend.index_mode == "following"
+            and time.monotonic() - self._heard_at < 3 * self._options.heartbeat
+        )
+
     async def _health_loop(self) -> None:
         while True:
+            self._wake_health.clear()
             await self.check_health()
-            await asyncio.sleep(self._options.health_interval)
+            quiet = self.backend.health == "ready" and self.quiet()
+            every = self._options.quiet_interval if quiet else self._options.health_interval
+            await _woken(self._wake_health, every)
 
     # -- warm sets ----------------------------------------------------------------
 
     async def _warm_sets_loop(self) -> None:
         while True:
+            self._warm_changed.clear()
             if self.backend.usable:
                 try:
                     await self.read_warm_sets()
@@ -325,7 +348,9 @@ class BackendSync:
                     self._trouble("warm-sets", exc)
                 else:
                     self._fine("warm-sets")
-            await asyncio.sleep(self._options.warm_sets_interval)
+            every = self._options.warm_sets_interval
+            quiet = self.quiet() and self._warm_digest is not None
+            await _woken(self._warm_changed, self._options.quiet_interval if quiet else every)
 
     async def read_warm_sets(self) -> None:
         """Its warm sets, and the blocks of their warm prompts where the set is pinned."""
@@ -423,6 +448,9 @@ class BackendSync:
         self._index.load_snapshot(
             backend.name, ((bytes.fromhex(b.key), b.logits, holders(b)) for b in snap.blocks)
         )
+        if snap.epoch != backend.epoch:  # another daemon process: read its models again
+            self._models_read = -math.inf
+            self._wake_health.set()
         backend.epoch, backend.seq = snap.epoch, snap.seq
         backend.index_mode = "following"
         backend.last_error = ""
@@ -448,13 +476,25 @@ class BackendSync:
         }
         silence = 3 * self._options.heartbeat  # no whole line for this long: dead
         timeout = httpx.Timeout(10.0, read=silence)
+        try:
+            return await self._stream(params, silence, limits=timeout)
+        finally:  # whatever ended it: until it is back, the health check polls as usual,
+            # from a moment on (a restart or a blip ends a stream too; the reconnect, or a
+            # request's failure, often tells first)
+            self._beats_state = False
+            asyncio.get_running_loop().call_later(self._options.retry, self._wake_health.set)
+
+    async def _stream(
+        self, params: dict[str, str | int | float], silence: float, *, limits: httpx.Timeout
+    ) -> bool:
+        backend = self.backend
         applied = False
         async with self._client.stream(
             "GET",
             f"{backend.url}/v1/cache/events",
             params=params,
             headers=backend.admin_headers(),
-            timeout=timeout,
+            timeout=limits,
         ) as r:
             if r.status_code != 200:
                 await bounded.read_body(r, self._limits.small)
@@ -465,6 +505,7 @@ class BackendSync:
                 line = await _within(lines, silence)
                 if line is None:
                     return applied
+                self._heard_at = time.monotonic()
                 if line.strip():
                     event = parse_event_line(line)
                     self.apply(event)
@@ -484,6 +525,7 @@ class BackendSync:
         if isinstance(event, EventsHeartbeat):
             if event.seq != backend.seq:
                 raise ResyncNeeded(f"heartbeat at {event.seq}, index at {backend.seq}")
+            self._heard(event)
             return
         if event.seq != backend.seq + 1:
             raise ResyncNeeded(f"event {event.seq} after {backend.seq}")
@@ -496,6 +538,19 @@ class BackendSync:
         backend.seq = event.seq
         if self._on_index:
             self._on_index(backend, "event")
+
+    def _heard(self, beat: EventsHeartbeat) -> None:
+        """What a heartbeat says besides its number: the daemon's state, its warm sets."""
+        backend = self.backend
+        if beat.state is not None:
+            self._beats_state = True
+            if beat.state == "draining" and backend.health != "draining":
+                backend.set_health("draining", "draining (its cache events say so)")
+                if self._on_draining:
+                    self._on_draining(backend)
+        if beat.warm_sets is not None and beat.warm_sets != self._warm_digest:
+            self._warm_digest = beat.warm_sets
+            self._warm_changed.set()
 
     async def _get(self, path: str, model: type[M], limit: int) -> M:
         """An admin route's answer, parsed with its wire model."""
@@ -549,6 +604,12 @@ def _status_field(content: bytes) -> str | None:
 
 class Readiness(BaseModel):
     status: str | None = None
+
+
+async def _woken(event: asyncio.Event, seconds: float) -> None:
+    """Waits `seconds`, or less if `event` is set meanwhile."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
 
 
 def _jitter(delay: float) -> float:

@@ -11,6 +11,7 @@ daemon's epoch, which is the subscriber's cue to fetch a new snapshot.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Sequence
 from functools import lru_cache
 from typing import Any
@@ -20,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from warmfleet_common.cache_layout import CacheLayout, export_layout
+from warmfleet_common.contract import WarmSetList
 from warmfleet_common.errors import ErrorResponse
 from warmfleet_common.tiers import Tier
 from warmfleet_common.wire import (
@@ -30,8 +32,8 @@ from warmfleet_common.wire import (
     SnapshotBlock,
     event_line,
 )
-from warmfleet_daemon.api.deps import AdminDep, ReadyDep
-from warmfleet_daemon.cache.events import HeldBlock
+from warmfleet_daemon.api.deps import AdminDep, ReadyDep, StateDep
+from warmfleet_daemon.cache.events import HeldBlock, Nudge
 from warmfleet_daemon.engine.core import Engine
 
 router = APIRouter(
@@ -113,12 +115,24 @@ def held_block(entry: HeldBlock, tiers: list[Tier]) -> SnapshotBlock:
 @router.get("/events")
 async def cache_events(
     ready: ReadyDep,
+    state: StateDep,
     after: int = Query(0, ge=0, description="last sequence number the subscriber has"),
     epoch: str | None = Query(None, max_length=64, description="the epoch `after` is from"),
     heartbeat: float = Query(5.0, gt=0, le=60, description="seconds between heartbeat lines"),
 ) -> StreamingResponse:
     log = ready.events
     loop = asyncio.get_running_loop()
+
+    def beat(seq: int) -> bytes:
+        # What a router would otherwise poll /readyz and /v1/warm-sets for.
+        sets = WarmSetList(sets=ready.warm.list()).model_dump_json().encode()
+        return event_line(
+            EventsHeartbeat(
+                seq=seq,
+                state="draining" if state.draining_until is not None else "serving",
+                warm_sets=hashlib.sha256(sets).hexdigest()[:16],
+            )
+        )
 
     async def lines() -> AsyncIterator[bytes]:
         yield event_line(EventsHello(epoch=log.epoch, seq=log.seq))
@@ -135,11 +149,22 @@ async def cache_events(
             for old in backlog:
                 yield event_line(old.as_wire())
                 last = old.seq
+            beaten = loop.time()
+            if state.draining_until is not None:  # it began before this subscription
+                yield beat(last)
             while True:
+                if loop.time() - beaten >= heartbeat:  # a busy stream still beats
+                    yield beat(last)
+                    beaten = loop.time()
                 try:
                     event = await asyncio.wait_for(subscription.queue.get(), heartbeat)
                 except asyncio.TimeoutError:
-                    yield event_line(EventsHeartbeat(seq=last))
+                    yield beat(last)
+                    beaten = loop.time()
+                    continue
+                if isinstance(event, Nudge):  # its state changed: say so now
+                    yield beat(last)
+                    beaten = loop.time()
                     continue
                 if event is None and subscription.ended:  # the daemon is stopping
                     return

@@ -88,12 +88,20 @@ class CacheEvent:
         return BlockEvicted(**fields)
 
 
+class Nudge:
+    """Not an event: the subscriber's stream should send a heartbeat now (the daemon's
+    state changed: it started draining)."""
+
+
+NUDGE = Nudge()
+
+
 class Subscription:
     """One subscriber's queue of events, fed from any thread into its event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self.queue: asyncio.Queue[CacheEvent | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[CacheEvent | Nudge | None] = asyncio.Queue()
         self.overflowed = False
         self.ended = False  # the daemon is stopping: the stream ends, its subscriber resyncs
 
@@ -101,6 +109,10 @@ class Subscription:
         self.ended = True
         with contextlib.suppress(RuntimeError):  # the subscriber's loop has closed
             self._loop.call_soon_threadsafe(self.queue.put_nowait, None)
+
+    def nudge(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the subscriber's loop has closed
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, NUDGE)
 
     def push(self, event: CacheEvent) -> None:
         if self.overflowed:
@@ -208,6 +220,13 @@ class CacheEventLog(Generic[P]):
             subscribers = list(self._subscribers)
         for subscription in subscribers:
             subscription.end()
+
+    def nudge_streams(self) -> None:
+        """Every subscriber's stream sends a heartbeat now (from any thread)."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for subscription in subscribers:
+            subscription.nudge()
 
     def tier_listener(self, tier: Tier) -> TierListener:
         """What a tier beyond RAM tells of its blocks, as events in `tier`."""

@@ -39,6 +39,8 @@ class DrainingServer(uvicorn.Server):  # type: ignore[misc]  # uvicorn ships no 
             super().handle_exit(sig, frame)
             return
         self.state.draining_until = time.time() + self.drain_s
+        if self.state.ready is not None:  # routers following its events hear it at once
+            self.state.ready.events.nudge_streams()
         log.warning(
             "SIGTERM: draining for %.0fs (/readyz answers 'draining'; peers may copy this "
             "daemon's blocks), then stopping; signal again to stop now",

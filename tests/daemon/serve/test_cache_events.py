@@ -1,6 +1,7 @@
 """The cache-event routes of a real daemon (tiny model, admin token): the stream follows
 a snapshot without a gap, its keys are the ones a router computes from the daemon's
-served layout, a clear is an event, and a stale or foreign position gets a reset."""
+served layout, a clear is an event, a stale or foreign position gets a reset, and the
+heartbeats say what a router would otherwise poll for."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import http.client
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import httpx
 import pytest
@@ -41,7 +42,7 @@ def daemon() -> Iterator[Daemon]:
     d.stop()
 
 
-def lines(daemon: Daemon, **params: object) -> Iterator[dict[str, object]]:
+def lines(daemon: Daemon, **params: object) -> Generator[dict[str, object], None, None]:
     with httpx.stream(
         "GET",
         f"{daemon.url}/v1/cache/events",
@@ -124,9 +125,29 @@ def test_a_foreign_epoch_or_a_future_position_gets_a_reset(daemon: Daemon) -> No
     assert next(stream) == {"type": "reset", "reason": "gap"}
 
 
+def test_heartbeats_say_the_state_and_a_digest_of_the_warm_sets(daemon: Daemon) -> None:
+    """What a router would otherwise poll for: serving or draining, and a digest that
+    changes when the warm sets do (a busy stream beats too)."""
+    stream = lines(daemon, heartbeat=0.2)
+    beats = (line for line in stream if line["type"] == "heartbeat")
+    first = next(beats)
+    assert first["state"] == "serving" and isinstance(first["warm_sets"], str)
+    assert next(beats)["warm_sets"] == first["warm_sets"]  # nothing changed
+    body = {"generation": 1, "prompts": [{"name": "scout", "messages": CHAT["messages"][:1]}]}
+    put = httpx.put(f"{daemon.url}/v1/warm-sets/sre/scout", json=body, headers=AUTH)
+    assert put.status_code == 202
+    try:
+        changed = next(b for b in beats if b["warm_sets"] != first["warm_sets"])
+        assert changed["state"] == "serving"
+    finally:
+        httpx.delete(f"{daemon.url}/v1/warm-sets/sre/scout", headers=AUTH)
+        stream.close()
+
+
 def test_a_stopping_daemon_ends_its_feeds_at_once() -> None:
-    """The router's feed never ends by itself: a SIGTERM (after its drain) ends it, so the
-    server stops without waiting out its graceful shutdown and cancelling the feed."""
+    """The router's feed never ends by itself: a SIGTERM says at once that the daemon
+    drains, and (after its drain) ends the feed, so the server stops without waiting out
+    its graceful shutdown and cancelling the feed."""
     own = start_daemon(
         "--model", "tiny-random", "--drain-seconds", "1", env={"WARMFLEET_ADMIN_TOKEN": TOKEN}
     )
@@ -135,7 +156,10 @@ def test_a_stopping_daemon_ends_its_feeds_at_once() -> None:
         assert next(stream)["type"] == "hello"
         started = time.monotonic()
         own.process.send_signal(signal.SIGTERM)
-        assert list(stream) == []  # the feed ends: no reset, no error
+        # It says at once that it drains (a router hears it without polling), then the
+        # feed ends: no reset, no error.
+        said = list(stream)
+        assert [(line["type"], line["state"]) for line in said] == [("heartbeat", "draining")]
         assert own.process.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises it
         assert time.monotonic() - started < 30
     finally:
