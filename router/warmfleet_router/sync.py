@@ -28,20 +28,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import anyio
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from warmfleet_common import bounded
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.contract import PromptState, WarmSetList
-from warmfleet_common.tiers import Tier
 from warmfleet_common.wire import (
     BlockEvicted,
     BlockStored,
@@ -52,11 +49,20 @@ from warmfleet_common.wire import (
     EventsHello,
     EventsReset,
     ModelList,
-    SnapshotBlock,
     parse_event_line,
 )
 from warmfleet_router.backend import Backend
 from warmfleet_router.index import BlockIndex
+from warmfleet_router.sync_reads import (
+    NoEvents,
+    Unavailable,
+    holders,
+    jitter,
+    raise_for_events_status,
+    status_field,
+    within,
+    woken,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +192,7 @@ class BackendSync:
                 raise
             except Exception as exc:
                 self._trouble(what, exc, log_exception=True)
-                await asyncio.sleep(_jitter(delay))
+                await asyncio.sleep(jitter(delay))
                 delay = min(delay * 2, self._options.max_retry)
 
     # -- trouble ------------------------------------------------------------------
@@ -274,7 +280,7 @@ class BackendSync:
             backend.set_health("ready")
             self._was_ready = True
             return
-        status = _status_field(answer.content)
+        status = status_field(answer.content)
         detail = status or answer.content[:200].decode(errors="replace")
         was = backend.health
         backend.set_health("draining" if status == "draining" else "unready", detail)
@@ -334,7 +340,7 @@ class BackendSync:
             await self.check_health()
             quiet = self.backend.health == "ready" and self.quiet()
             every = self._options.quiet_interval if quiet else self._options.health_interval
-            await _woken(self._wake_health, every)
+            await woken(self._wake_health, every)
 
     # -- warm sets ----------------------------------------------------------------
 
@@ -350,7 +356,7 @@ class BackendSync:
                     self._fine("warm-sets")
             every = self._options.warm_sets_interval
             quiet = self.quiet() and self._warm_digest is not None
-            await _woken(self._warm_changed, self._options.quiet_interval if quiet else every)
+            await woken(self._warm_changed, self._options.quiet_interval if quiet else every)
 
     async def read_warm_sets(self) -> None:
         """Its warm sets, and the blocks of their warm prompts where the set is pinned."""
@@ -405,7 +411,7 @@ class BackendSync:
                 log.info("%s: cache index resync (%s)", backend.name, exc)
                 need_snapshot = True
                 continue
-            except _NoEvents as exc:
+            except NoEvents as exc:
                 if backend.index_mode != "history":
                     log.warning(
                         "%s: no cache events (%s); estimating from history", backend.name, exc
@@ -415,14 +421,14 @@ class BackendSync:
                 backend.last_error = f"events: {exc}"
                 # Its warm sets' blocks are keyed by its layout, when it serves one.
                 with contextlib.suppress(
-                    httpx.HTTPError, _NoEvents, _Unavailable, ValueError, bounded.TooSlow
+                    httpx.HTTPError, NoEvents, Unavailable, ValueError, bounded.TooSlow
                 ):
                     await self._read_layout()
                 self._indexed.set()
                 await asyncio.sleep(self._options.no_events_retry)
                 need_snapshot = True
                 continue
-            except (httpx.TransportError, bounded.TooSlow, _Unavailable) as exc:
+            except (httpx.TransportError, bounded.TooSlow, Unavailable) as exc:
                 # Connection lost, silent or trickling, or the daemon not ready: keep what
                 # is known, reconnect after the last event (the daemon replays what it
                 # still buffers).
@@ -436,7 +442,7 @@ class BackendSync:
                 backend.index_mode = "resyncing"
                 need_snapshot = True
             self._indexed.set()
-            await asyncio.sleep(_jitter(delay))
+            await asyncio.sleep(jitter(delay))
             delay = min(delay * 2, self._options.max_retry)
 
     async def _resync(self) -> None:
@@ -498,11 +504,11 @@ class BackendSync:
         ) as r:
             if r.status_code != 200:
                 await bounded.read_body(r, self._limits.small)
-                _raise_for_events_status(r.request.url.path, r.status_code)
+                raise_for_events_status(r.request.url.path, r.status_code)
             what = f"{backend.name} /v1/cache/events"
             lines = bounded.lines(r.aiter_bytes(), self._limits.event_line, what=what)
             while True:
-                line = await _within(lines, silence)
+                line = await within(lines, silence)
                 if line is None:
                     return applied
                 self._heard_at = time.monotonic()
@@ -562,63 +568,5 @@ class BackendSync:
             headers=self.backend.admin_headers(),
         )
         if answer.status != 200:
-            _raise_for_events_status(path, answer.status)
+            raise_for_events_status(path, answer.status)
         return model.model_validate_json(answer.content)
-
-
-class _NoEvents(Exception):
-    """This backend serves no cache events to us (not a warmfleet daemon, no token...)."""
-
-
-class _Unavailable(Exception):
-    """A 5xx: loading, draining or failing; asked again after a backoff."""
-
-
-def _raise_for_events_status(path: str, status: int) -> None:
-    if status in (404, 405):
-        raise _NoEvents(f"{path}: {status} (not a warmfleet daemon?)")
-    if status in (401, 403):
-        raise _NoEvents(f"{path}: {status}: the admin token is missing or wrong")
-    if status >= 500:
-        raise _Unavailable(f"{path}: HTTP {status}")
-    raise ValueError(f"{path}: unexpected HTTP {status}")
-
-
-async def _within(lines: AsyncIterator[bytes], seconds: float) -> bytes | None:
-    """The next line, or None at the end; TooSlow when no whole line came in time (a
-    trickle keeps the connection's read timeout from firing)."""
-    try:
-        with anyio.fail_after(seconds):
-            return await anext(lines, None)
-    except TimeoutError as exc:
-        raise bounded.TooSlow(f"no whole event line within {seconds:g}s") from exc
-
-
-def _status_field(content: bytes) -> str | None:
-    try:
-        body = Readiness.model_validate_json(content)
-    except ValidationError:
-        return None
-    return body.status
-
-
-class Readiness(BaseModel):
-    status: str | None = None
-
-
-async def _woken(event: asyncio.Event, seconds: float) -> None:
-    """Waits `seconds`, or less if `event` is set meanwhile."""
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(event.wait(), seconds)
-
-
-def _jitter(delay: float) -> float:
-    return delay * random.uniform(0.8, 1.2)
-
-
-def holders(block: SnapshotBlock) -> set[Tier]:
-    """The tiers a snapshot says hold a block (from daemons before `tiers`: its fastest
-    tier, and the disk when `on_disk`)."""
-    if block.tiers:
-        return set(block.tiers)
-    return {block.tier, "disk"} if block.on_disk else {block.tier}

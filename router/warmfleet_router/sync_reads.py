@@ -1,0 +1,75 @@
+"""What the backend sync reads and how it waits: the events route's answers as the
+sync's exceptions, a bounded wait for the stream's next line, the readiness body, a
+snapshot block's tiers, and the waits between reads. No state of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+
+import anyio
+from pydantic import BaseModel, ValidationError
+
+from warmfleet_common import bounded
+from warmfleet_common.tiers import Tier
+from warmfleet_common.wire import SnapshotBlock
+
+
+class NoEvents(Exception):
+    """This backend serves no cache events to us (not a warmfleet daemon, no token...)."""
+
+
+class Unavailable(Exception):
+    """A 5xx: loading, draining or failing; asked again after a backoff."""
+
+
+def raise_for_events_status(path: str, status: int) -> None:
+    if status in (404, 405):
+        raise NoEvents(f"{path}: {status} (not a warmfleet daemon?)")
+    if status in (401, 403):
+        raise NoEvents(f"{path}: {status}: the admin token is missing or wrong")
+    if status >= 500:
+        raise Unavailable(f"{path}: HTTP {status}")
+    raise ValueError(f"{path}: unexpected HTTP {status}")
+
+
+async def within(lines: AsyncIterator[bytes], seconds: float) -> bytes | None:
+    """The next line, or None at the end; TooSlow when no whole line came in time (a
+    trickle keeps the connection's read timeout from firing)."""
+    try:
+        with anyio.fail_after(seconds):
+            return await anext(lines, None)
+    except TimeoutError as exc:
+        raise bounded.TooSlow(f"no whole event line within {seconds:g}s") from exc
+
+
+def status_field(content: bytes) -> str | None:
+    try:
+        body = Readiness.model_validate_json(content)
+    except ValidationError:
+        return None
+    return body.status
+
+
+class Readiness(BaseModel):
+    status: str | None = None
+
+
+async def woken(event: asyncio.Event, seconds: float) -> None:
+    """Waits `seconds`, or less if `event` is set meanwhile."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+
+
+def jitter(delay: float) -> float:
+    return delay * random.uniform(0.8, 1.2)
+
+
+def holders(block: SnapshotBlock) -> set[Tier]:
+    """The tiers a snapshot says hold a block (from daemons before `tiers`: its fastest
+    tier, and the disk when `on_disk`)."""
+    if block.tiers:
+        return set(block.tiers)
+    return {block.tier, "disk"} if block.on_disk else {block.tier}
