@@ -92,12 +92,15 @@ class Decoder:
             logits = mx.concatenate(
                 [self.logits(inputs[i : i + 1], s.caches) for i, s in enumerate(seqs)]
             )
-        token_ids = self.sample(seqs, logits)
+        self.take(seqs, self.sample(seqs, logits))
+
+    def take(self, seqs: list[SequenceState], token_ids: list[int]) -> None:
+        """The end of a step, whatever computed it: each sequence takes its token."""
         now = time.perf_counter()
         self.steps += 1
         if self.steps % _CLEAR_EVERY == 0:
             mx.clear_cache()
-        for seq, token in zip(seqs, token_ids):
+        for seq, token in zip(seqs, token_ids, strict=True):
             self.accept(seq, token, now)
 
     def leave(self, seq: SequenceState) -> None:

@@ -9,7 +9,6 @@ cached, what is computed, who waits, what is evicted) it decides the same way.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -196,11 +195,7 @@ class SimDecoder(Decoder):
         deferred = self.forward.deferred
         self.forward.clock.spend(sum(deferred.pop(s, 0.0) for s in seqs))  # lazy restores
         self.forward.decode_step([len(s.tokens) + len(s.generated) for s in seqs])
-        token_ids = self.sample(seqs, cast(Any, None))
-        now = time.perf_counter()
-        self.steps += 1
-        for seq, token in zip(seqs, token_ids):
-            self.accept(seq, token, now)
+        self.take(seqs, self.sample(seqs, cast(Any, None)))
 
     def leave(self, seq: SequenceState) -> None:
         self._answers.pop(seq, None)
