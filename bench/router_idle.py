@@ -7,8 +7,9 @@ daemons over the same window, so two routers are measured side by side.
     .venv/bin/python bench/router_idle.py [--nodes 100] [--window 60] [--runs 3]
         [--peer-checkout /tmp/parent]
 
-CPU is read from /proc (user + system time of the router process, its key workers
-included), as a share of one core. Linux only.
+CPU is read from /proc: user + system time of the router process itself, as a share of
+one core. Its key-worker processes (2 by default, alive and idle: they only parse bodies
+over 256 KiB) are not counted. Linux only.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ PROFILE = "m4-max-qwen3-30b-a3b-4bit"
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of `pid` and its children that ended (from /proc)."""
+    """User + system CPU of `pid` (and of children it waited for: none while they live)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return ticks / os.sysconf("SC_CLK_TCK")
