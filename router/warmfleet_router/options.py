@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from warmfleet_common.tls import TlsOptions
 from warmfleet_router.index import DEFAULT_BUDGET_BYTES as DEFAULT_INDEX_BUDGET
+from warmfleet_router.learning import LearnOptions
 from warmfleet_router.policy import DEFAULT_EPSILON, PolicyName
 from warmfleet_router.sessions import DEFAULT_BUDGET_BYTES as DEFAULT_SESSIONS_BUDGET
 from warmfleet_router.sessions import DEFAULT_SOURCES
@@ -45,3 +46,5 @@ class RouterOptions:
     # Freeze the GC heap once started and after each new tokenizer (warmfleet_common.heap):
     # the command's choice for its process, not a test's.
     freeze_gc_heap: bool = False
+    # Warm prompts learned from the heads many sessions share (`learning`).
+    learn: LearnOptions = field(default_factory=LearnOptions)

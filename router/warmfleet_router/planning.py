@@ -18,6 +18,7 @@ from warmfleet_router.backend import Backend
 from warmfleet_router.handoff import HotSessions
 from warmfleet_router.index import BlockIndex, Flight
 from warmfleet_router.keys import EMPTY, MESSAGE_KEYS, RequestBlocks
+from warmfleet_router.learning import Head
 from warmfleet_router.membership import Membership
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
@@ -47,6 +48,7 @@ class Plan:
     holders: dict[str, int] = field(default_factory=dict)
     peers: dict[str, str] = field(default_factory=dict)  # per backend tried: its spill peer
     usage: Usage | None = None  # the answering backend's, once the response has ended
+    head: Head | None = None  # its static head, when the router learns (`learning`)
 
 
 class Planner:
@@ -68,6 +70,7 @@ class Planner:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._session_digest = session_digest
         self._turn = 0
+        self._learn = options.learn.on
 
     def next_turn(self) -> int:
         """Counts the policy's decisions (round-robin takes turns by it)."""
@@ -98,6 +101,7 @@ class Planner:
             max(contexts) if ready and len(contexts) == len(ready) else None,
             tenant,
             max((b.shared_tokens for b in ready), default=0),
+            self._learn,
         )
         prepared = await members.pool.prepare(job)
         if isinstance(prepared, Invalid):
@@ -144,7 +148,10 @@ class Planner:
         }
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
         self.metrics.decision(route.name, time.monotonic() - arrived)
-        return Plan(decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders)
+        return Plan(
+            decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders,
+            head=prepared.head,
+        )  # fmt: skip
 
     def _may_hold(self, b: Backend) -> bool:
         """Whether a peer copy may come from `b`: ready or draining (a draining daemon

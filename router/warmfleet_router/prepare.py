@@ -14,6 +14,7 @@ the router answers them only once the model is known to be served.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -41,6 +42,7 @@ from warmfleet_router.keys import (
     Salt,
     TextPrompt,
 )
+from warmfleet_router.learning import Head, head_of
 from warmfleet_router.routes import BY_NAME
 from warmfleet_router.sessions import body_values
 
@@ -73,6 +75,7 @@ class Job:
     max_context: int | None = None  # the largest context of the ready backends, if known
     tenant: str | None = None  # the client key's tenant: its blocks are keyed with its salt
     shared_tokens: int = 0  # the longest fleet-wide warm prompt (`keys.Salt`)
+    learn: bool = False  # read the request's static head (`learning.head_of`)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Prepared:
     blocks: dict[str, RequestBlocks] = field(default_factory=dict)
     invalid: Invalid | None = None  # after the model check
     cpu_seconds: float = 0.0
+    head: Head | None = None  # its static head, when the job asked (`Job.learn`)
 
 
 class KeyerCache:
@@ -124,14 +128,7 @@ def prepare(job: Job, keyers: KeyerCache) -> Prepared | Invalid:
     started = time.thread_time()  # this job's own CPU, on a worker or a router thread
     result = _prepare(job, keyers)
     if isinstance(result, Prepared):
-        return Prepared(
-            result.parsed,
-            result.model,
-            result.session_values,
-            result.blocks,
-            result.invalid,
-            time.thread_time() - started,
-        )
+        return dataclasses.replace(result, cpu_seconds=time.thread_time() - started)
     return result
 
 
@@ -162,7 +159,11 @@ def _prepare(job: Job, keyers: KeyerCache) -> Prepared | Invalid:
         for fingerprint in job.fingerprints:
             keyer = keyers.get(fingerprint)
             blocks[fingerprint] = _blocks(keyer, prompt, salt) if keyer is not None else EMPTY
-    return Prepared(True, model if isinstance(model, str) else None, sessions, blocks, invalid)
+    head = (
+        head_of(job.route, body) if job.learn and invalid is None and prompt is not None else None
+    )
+    model = model if isinstance(model, str) else None
+    return Prepared(True, model, sessions, blocks, invalid, head=head)
 
 
 def _invalid(

@@ -37,11 +37,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from warmfleet_cli.warm_prompts import replies
-from warmfleet_common.agent_apis.prefix import NothingToWarm, warm_prompt
+from warmfleet_common.agent_apis.prefix import NothingToWarm, agent_name, warm_prompt
 from warmfleet_common.agent_apis.shapes import SHAPES, ApiName
 from warmfleet_common.contract import WarmPrompt
 
 log = logging.getLogger("warmfleet.capture")
+default_name = agent_name  # the agent's name where its User-Agent says it
 
 MAX_BODY_BYTES = 16 << 20  # Claude Code's first request is ~50 KB, Codex's ~40 KB
 BODY_TIMEOUT_S = 30.0
@@ -67,20 +68,6 @@ class _Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def default_name(api: ApiName, user_agent: str) -> str:
-    """The agent's name where its User-Agent says it, else the API's."""
-    agent = user_agent.lower()
-    if agent.startswith("claude-cli/") or "claude-code" in agent:
-        return "claude-code"
-    if agent.startswith("codex"):
-        return "codex"
-    if agent.startswith("opencode/"):
-        return "opencode"
-    if agent.startswith("qwencode/"):
-        return "qwen-code"
-    return f"{api}-agent"
 
 
 class CaptureServer:
@@ -155,7 +142,7 @@ class CaptureServer:
         model = _model(body)
         agent = request.headers.get("user-agent", "")
         try:
-            prompt = warm_prompt(api, body, self.name or default_name(api, agent))
+            prompt = warm_prompt(api, body, self.name or agent_name(api, agent))
         except NothingToWarm as exc:
             log.warning("Not captured (a request of %s): %s", agent or "a client", exc)
             return _reply(api, body, model, f"warmfleet capture: not captured: {exc}.")

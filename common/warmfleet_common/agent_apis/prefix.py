@@ -31,6 +31,21 @@ class NothingToWarm(ValueError):
     """The request has no static part (no system prompt, leading messages or tools)."""
 
 
+def agent_name(api: ApiName, user_agent: str) -> str:
+    """The agent's name where its User-Agent says it, else the API's (`chat-agent`): a
+    captured prompt's default name, and the client a learned one is named after."""
+    agent = user_agent.lower()
+    if agent.startswith("claude-cli/") or "claude-code" in agent:
+        return "claude-code"
+    if agent.startswith("codex"):
+        return "codex"
+    if agent.startswith("opencode/"):
+        return "opencode"
+    if agent.startswith("qwencode/"):
+        return "qwen-code"
+    return f"{api}-agent"
+
+
 def warm_prompt(api: ApiName, body: Mapping[str, Any], name: str) -> WarmPrompt:
     """The warm prompt of a request body of `api`. Raises ValueError (pydantic's
     ValidationError, or NothingToWarm) when the body cannot be read as that API's."""
