@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from warmfleet_common import __version__, bounded
 from warmfleet_common.agent_apis.shapes import ApiName
 from warmfleet_common.client_keys import (
     SHOWS_DATA,
+    TENANT_PATTERN,
     KeysFile,
     check_key,
     is_client_key,
@@ -336,23 +338,17 @@ def create_app(
     async def metrics() -> Response:
         return Response(fleet().metrics.prometheus_text(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/router/status", responses=_errors(401, 403))
-    async def status(request: Request) -> JSONResponse:
-        """Counts only, unless the admin token (when one is configured) is sent: then
-        backends (URLs, health, errors, warm sets), the index and recent decisions
-        (session keys as hashes, never as sent)."""
-        token = options.admin_token
-        header = request.headers.get("authorization")
-        reader = keys is not None and is_client_key(keys.current(), request.headers)
-        if (token and header is None) or reader:  # a client key reads the counts
-            return JSONResponse(status_summary(fleet()))
+    def admin_refusal(request: Request) -> Response | None:
+        """Why the request may not read the admin's detail (None: it may): the client
+        certificate under --tls-client-ca, and the admin token when one is configured."""
         if options.tls.client_ca and not peer_verified(request.scope):
             return error_response(
                 403, "the detail needs a client certificate signed by the router's "
                 "--tls-client-ca", "client_certificate_required", "permission_error",
             )  # fmt: skip
+        token = options.admin_token
         if token:
-            scheme, _, given = (header or "").partition(" ")
+            scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
             if scheme.lower() != "bearer" or not given:
                 return error_response(
                     401, "the detail needs the admin token: Authorization: Bearer <token>",
@@ -362,7 +358,46 @@ def create_app(
                 return error_response(
                     403, "the admin token is not valid", "invalid_token", "permission_error"
                 )
-        return JSONResponse(status_detail(fleet()))
+        return None
+
+    @app.get("/v1/router/status", responses=_errors(401, 403))
+    async def status(request: Request) -> Response:
+        """Counts only, unless the admin token (when one is configured) is sent: then
+        backends (URLs, health, errors, warm sets), the index and recent decisions
+        (session keys as hashes, never as sent)."""
+        token = options.admin_token
+        header = request.headers.get("authorization")
+        reader = keys is not None and is_client_key(keys.current(), request.headers)
+        if (token and header is None) or reader:  # a client key reads the counts
+            return JSONResponse(status_summary(fleet()))
+        return admin_refusal(request) or JSONResponse(status_detail(fleet()))
+
+    @app.get("/v1/router/learned", responses=_errors(400, 401, 403))
+    async def learned(request: Request) -> Response:
+        """The warm prompts learned from the static heads many sessions share (text
+        included): the admin token's only, so a router without one never shows them.
+        `?tenant=NAME` lists one tenant's (`-`: the fleet-wide ones of an open router)."""
+        if not options.admin_token:
+            return error_response(
+                403, "learned warm prompts are shown only with the admin token, and this "
+                "router has none (--admin-token-file)", "no_admin_token", "permission_error",
+            )  # fmt: skip
+        refused = admin_refusal(request)
+        if refused is not None:
+            return refused
+        tenant = request.query_params.get("tenant")
+        if tenant is not None and tenant != OPEN and not re.fullmatch(TENANT_PATTERN, tenant):
+            return error_response(400, f"not a tenant name: {tenant[:64]!r}", "invalid_tenant")
+        table = fleet().learned
+        data = table.listing(None if tenant == OPEN else tenant, every=tenant is None)
+        return JSONResponse(
+            {
+                "object": "list",
+                "min_sessions": table.options.min_sessions,
+                "ttl_seconds": table.options.ttl,
+                "data": data,
+            }
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

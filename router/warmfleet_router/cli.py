@@ -128,6 +128,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("WARMFLEET_NAMESPACE", "default"),
         help="--from-cluster: where Secrets without a namespace are",
     )
+    p.add_argument(
+        "--learn-min-sessions",
+        type=int,
+        default=3,
+        metavar="K",
+        help="learn a warm prompt from a static head (system prompt, tools, messages before "
+        "the first user message) once K distinct sessions of a tenant sent it; listed at "
+        "GET /v1/router/learned (admin token), for the operator's learning WarmPromptSets; "
+        "nothing after the first user message is kept; 0: off",
+    )
+    p.add_argument(
+        "--learn-ttl",
+        default="7d",
+        metavar="DURATION",
+        help="the window the sessions are counted in, and how long a learned warm prompt no "
+        "request used is kept (90s, 15m, 12h, 7d)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument(
         "--access-log",
@@ -171,6 +188,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.request_timeout <= 0:
         print("warmfleet router: --request-timeout must be > 0")
+        return 2
+    from warmfleet_common.durations import parse_duration
+    from warmfleet_router.learning import LearnOptions
+
+    try:
+        learn_ttl = parse_duration(args.learn_ttl)
+    except ValueError as exc:
+        print(f"warmfleet router: --learn-ttl: {exc}")
+        return 2
+    if args.learn_min_sessions < 0 or learn_ttl <= 0:
+        print("warmfleet router: --learn-min-sessions must be >= 0 and --learn-ttl > 0")
         return 2
     session_keys = tuple(args.session_key or DEFAULT_SOURCES)
     try:
@@ -254,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
         handoff_sessions=args.handoff_sessions,
         handoff_seconds=args.handoff_seconds,
         freeze_gc_heap=True,
+        learn=LearnOptions(min_sessions=args.learn_min_sessions, ttl=learn_ttl),
     )
     verify = client_verify(tls)  # its client certificate reloaded as it rotates
     tls_client = verify if isinstance(verify, ssl.SSLContext) else None

@@ -1,7 +1,8 @@
 """The router's state, wired: the block index and the key workers that every part shares,
 then membership (the backends and their sync tasks, `membership`), request planning and
 in-flight accounting (`planning`), the drain handoff (`drain`), with the hot sessions
-and the session digest the last two share. Each part is used directly (`fleet.members`,
+and the session digest the last two share, and the warm prompts learned from the
+requests' static heads (`learning`). Each part is used directly (`fleet.members`,
 `fleet.planner`, `fleet.drain`); this holds them and closes them in order."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from warmfleet_common.watched import WatchedFile
 from warmfleet_router.drain import DrainHandoffs
 from warmfleet_router.handoff import HotSessions
 from warmfleet_router.index import BlockIndex
+from warmfleet_router.learning import LearnedTable
 from warmfleet_router.membership import Membership
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
@@ -47,6 +49,8 @@ class Fleet:
             else QuotaConfig
         )
         self.quotas = Quotas(limits)
+        self.learned = LearnedTable(options.learn)  # the static heads sessions share
+        metrics.observe_learned(self.learned.counts)
         metrics.observe_tenants(self.quotas.in_flight)
         metrics.observe(lambda: list(self.members.backends.values()), self.index.size)
 

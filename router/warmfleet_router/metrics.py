@@ -16,8 +16,11 @@ in-flight requests, health and index size as gauges; failovers and index resyncs
 counters; time to first byte as seen by the router. Per tenant (`warmfleet.tenant`, the
 keys file's names, `-` for an open router's clients; past MAX_TENANT_LABELS, `other`):
 requests by outcome (ok, throttled, other), tokens in, cached and out, refusals by the
-limit they hit, requests in flight. Exported names: dots become underscores, counters
-get `_total`.
+limit they hit, requests in flight. Learned warm prompts (`learning`): how many per
+tenant, and sessions' first requests with their static head (their prompt and cached
+tokens) by client (`warmfleet.client`, the agent its User-Agent names: a handful of
+values) and whether the head was learned (`warmfleet.learned`). Exported names: dots
+become underscores, counters get `_total`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from warmfleet_common import otel
 from warmfleet_common.tiers import TIERS, TierTokens
 from warmfleet_router.backend import Backend
-from warmfleet_router.quotas import LIMITS
+from warmfleet_router.quotas import LIMITS, OPEN
 from warmfleet_router.routes import Usage
 
 TTFB_BUCKETS = otel.LATENCY_BUCKETS
@@ -149,6 +152,26 @@ class RouterMetrics(otel.Metrics):
             "warmfleet.router.tenant.throttled", "{request}",
             "Requests refused with a 429 per tenant, by the limit hit (warmfleet.quota.limit)",
         )  # fmt: skip
+        self._first = counter(
+            "warmfleet.router.first_requests", "{request}",
+            "Sessions' first requests with their static head, by the agent its User-Agent "
+            "names (warmfleet.client) and whether the head is a learned warm prompt "
+            "(warmfleet.learned): what a stale warm set shows first",
+        )  # fmt: skip
+        self._first_tokens = counter(
+            "warmfleet.router.first_request_tokens", "{token}",
+            "Prompt tokens of sessions' first requests (gen_ai.token.type: input) and those "
+            "of them served from a prefix cache (cached), by warmfleet.client and "
+            "warmfleet.learned: the first-request hit rate",
+        )  # fmt: skip
+        self._learned: Callable[[], dict[str | None, int]] = dict
+        meter.create_observable_gauge(
+            "warmfleet.router.learned.prompts",
+            [self._observe_learned],
+            unit="{prompt}",
+            description="Warm prompts the router learned from heads many sessions share, per "
+            "tenant",
+        )
         self._tenant_labels: set[str] = set()
         self._tenants_in_flight: Callable[[], dict[str, int]] = dict
         meter.create_observable_gauge(
@@ -195,6 +218,23 @@ class RouterMetrics(otel.Metrics):
             for limit in LIMITS:  # a rate of 0, not no data
                 self._throttled.add(0, {"warmfleet.tenant": tenant, "warmfleet.quota.limit": limit})
         return {"warmfleet.tenant": tenant}
+
+    def observe_learned(self, counts: Callable[[], dict[str | None, int]]) -> None:
+        self._learned = counts
+
+    def _observe_learned(self, _: CallbackOptions) -> Iterable[Observation]:
+        summed: dict[str, int] = {}
+        for tenant, count in self._learned().items():
+            label = self._tenant(tenant or OPEN)["warmfleet.tenant"]
+            summed[label] = summed.get(label, 0) + count
+        return [Observation(n, {"warmfleet.tenant": t}) for t, n in summed.items()]
+
+    def first_request(self, client: str, learned: bool, usage: Usage) -> None:
+        """A session's first request with its static head ended with `usage`."""
+        label = {"warmfleet.client": client, "warmfleet.learned": str(learned).lower()}
+        self._first.add(1, label)
+        self._first_tokens.add(usage.prompt_tokens, {**label, "gen_ai.token.type": "input"})
+        self._first_tokens.add(usage.cached_tokens, {**label, "gen_ai.token.type": "cached"})
 
     def _observe_tenants(self, _: CallbackOptions) -> Iterable[Observation]:
         summed: dict[str, int] = {}

@@ -95,6 +95,7 @@ async def forward(
     if isinstance(ticket, Throttled):
         fleet.metrics.throttled(who, ticket.limit)
         return throttled(ticket, route.api)
+    fleet.learned.observe(plan.head, plan.affinity, tenant, headers.get("user-agent", ""))
     try:
         response = await _attempts(fleet, route, raw, headers, tenant, plan)
     except BaseException:
@@ -114,6 +115,12 @@ def _settle(fleet: Fleet, plan: Plan, ticket: Ticket) -> None:
         usage.prompt_tokens if usage else None, usage.completion_tokens if usage else None
     )
     fleet.metrics.tenant_request(ticket.tenant, "ok" if usage else "other", usage)
+    if (
+        usage
+        and plan.head
+        and fleet.learned.settled(plan.head, usage.prompt_tokens, usage.cached_tokens)
+    ):
+        fleet.metrics.first_request(plan.head.client, plan.head.learned, usage)
 
 
 async def _settled_at_end(
