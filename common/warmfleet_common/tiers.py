@@ -1,56 +1,89 @@
 """Where a prefix-cache block is held, named the same way by every component.
 
 A block lives in a daemon's RAM, on its disk tier, or on a peer daemon it can be copied
-from (a spill). `TIERS` lists them fastest first: the engine continues a prompt's match
-in that order, the router's index takes a block's fastest tier. Everything counted or
-priced per tier is a table keyed by these names, read and written the same way by the
-engine, the wire, every API's usage, the router's index and its scorers:
+from (a spill): the built-in tiers, `TIERS`, fastest first. The set is open: a daemon's
+tier registry (`warmfleet_daemon.kvtransfer.registry`) is the authority for which tiers
+it has and in what order a prompt's match runs through them, and may name tiers no
+other component has heard of. On the wire a tier is a name (`Tier`: a bounded pattern,
+`TIER_PATTERN`), never a closed list, so a new tier's name reaches the cache events,
+the snapshot, the status and every API's usage unchanged. Everything counted or priced
+per tier is a table keyed by these names, read and written the same way by the engine,
+the wire, every API's usage, the router's index and its scorers:
 
 - `TierTokens`: prompt tokens per tier (a request's cached tokens, a prediction);
 - `TierCosts`: what one token costs a daemon per tier, measured at start.
 
-A new tier is its name here (the daemon's tier registry names the module that holds it);
-nothing else lists the tiers. Plain Python and pydantic: the router imports it.
+A consumer that gives the built-in tiers a meaning of their own treats a tier it does
+not know as one more tier beyond RAM: slower than RAM, and priced as saving nothing
+unless its daemon priced it. One that keeps a series per tier (a metric's label) names
+the built-in tiers and counts every other one as `OTHER_TIER`, so a peer cannot grow
+its series. Plain Python and pydantic: the router imports it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Final, Literal, get_args
+from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, StringConstraints, model_validator
 
-Tier = Literal["ram", "disk", "peer"]
-TIERS: Final[tuple[Tier, ...]] = get_args(Tier)  # fastest first
+TIER_PATTERN: Final = r"^[a-z][a-z0-9-]{0,31}$"
+_TIER_NAME: Final = re.compile(TIER_PATTERN)
+# A tier's name: validated as a name, never against a list (see the module's docstring).
+Tier = Annotated[str, StringConstraints(pattern=TIER_PATTERN)]
+TIERS: Final[tuple[Tier, ...]] = ("ram", "disk", "peer")  # the built-in ones, fastest first
 FASTEST: Final[Tier] = TIERS[0]
+MAX_TIERS: Final = 16  # the most tiers any table of them on the wire may name
+OTHER_TIER: Final = "other"  # a metric's label for every tier not in TIERS
+
+
+def is_tier(name: object) -> bool:
+    """Whether `name` is a well-formed tier name (whether or not anyone has that tier)."""
+    return isinstance(name, str) and _TIER_NAME.fullmatch(name) is not None
+
+
+def tier_label(tier: str) -> str:
+    """A metric's label for `tier`: its name when built in, else `OTHER_TIER` (at most
+    len(TIERS) + 1 values, whatever names another server sends)."""
+    return tier if tier in TIERS else OTHER_TIER
 
 
 class TierTokens(Mapping[Tier, int]):
-    """Tokens per tier: every tier is a key (those not given hold 0), in `TIERS` order.
-    Immutable and compared by content, so it sits in frozen dataclasses and tests
-    compare it with `==`."""
+    """Tokens per tier: every built-in tier is a key (those not given hold 0), in `TIERS`
+    order, then each other tier given a non-zero count, in the order given. Any tier not
+    counted reads as 0 (`tokens["nvme"]`), though only counted ones are keys. Immutable
+    and compared by content, so it sits in frozen dataclasses and tests compare it with
+    `==`."""
 
-    __slots__ = ("_counts",)
+    __slots__ = ("_counts", "_hash")
 
     def __init__(self, counts: Mapping[Tier, int] | None = None, /, **by_name: int) -> None:
         given: dict[str, int] = {t: n for t, n in (counts or {}).items()}
         given.update(by_name)
-        unknown = set(given) - set(TIERS)
-        if unknown:
-            raise ValueError(f"unknown cache tier(s): {', '.join(sorted(unknown))}")
-        self._counts: tuple[int, ...] = tuple(int(given.get(t, 0)) for t in TIERS)
+        bad = [t for t in given if not is_tier(t)]
+        if bad:
+            raise ValueError(f"not a cache tier name: {', '.join(sorted(map(repr, bad)))}")
+        self._counts: dict[str, int] = {t: int(given.get(t, 0)) for t in TIERS}
+        self._counts.update((t, int(n)) for t, n in given.items() if t not in TIERS and n)
+        self._hash = hash(frozenset(self._counts.items()))
 
     def __getitem__(self, tier: Tier) -> int:
-        try:
-            return self._counts[TIERS.index(tier)]
-        except ValueError:
-            raise KeyError(tier) from None
+        found = self._counts.get(tier)
+        if found is not None:
+            return found
+        if is_tier(tier):
+            return 0  # a tier that served none of them
+        raise KeyError(tier)
+
+    def __contains__(self, tier: object) -> bool:
+        return tier in self._counts
 
     def __iter__(self) -> Iterator[Tier]:
-        return iter(TIERS)
+        return iter(self._counts)
 
     def __len__(self) -> int:
-        return len(TIERS)
+        return len(self._counts)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, TierTokens):
@@ -58,37 +91,35 @@ class TierTokens(Mapping[Tier, int]):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._counts)
+        return self._hash
 
     def __repr__(self) -> str:
         return f"TierTokens({', '.join(f'{t}={n}' for t, n in self.items())})"
 
     @property
     def total(self) -> int:
-        return sum(self._counts)
+        return sum(self._counts.values())
 
     def plus(self, tier: Tier, tokens: int) -> TierTokens:
-        return TierTokens({**self, tier: self[tier] + tokens})
+        return TierTokens({**self._counts, tier: self[tier] + tokens})
 
     def as_dict(self) -> dict[Tier, int]:
-        """Every tier's count: the shape of `usage.cached_tokens_by_tier` on the wire."""
-        return dict(self)
+        """Every counted tier: the shape of `usage.cached_tokens_by_tier` on the wire."""
+        return dict(self._counts)
 
     @classmethod
     def parse(cls, document: object, total: int | None = None) -> TierTokens | None:
         """A `cached_tokens_by_tier` object another server sent: None unless it is an
-        object of known tiers to non-negative integers (tiers left out hold 0) that add
-        up to `total` when given. A reader keeps what it cannot trust out of its counts."""
-        if not isinstance(document, Mapping) or not document:
+        object of at most `MAX_TIERS` tier names to non-negative integers (tiers left
+        out hold 0) that add up to `total` when given. A reader keeps what it cannot
+        trust out of its counts; a tier it does not know is one more tier beyond RAM."""
+        if not isinstance(document, Mapping) or not document or len(document) > MAX_TIERS:
             return None
-        counts: dict[Tier, int] = {}
-        for tier in TIERS:
-            value = document.get(tier, 0)
-            if type(value) is not int or value < 0:
+        counts: dict[str, int] = {}
+        for tier, value in document.items():
+            if not is_tier(tier) or type(value) is not int or value < 0:
                 return None
             counts[tier] = value
-        if set(document) - set(TIERS):
-            return None
         tokens = cls(counts)
         return tokens if total is None or tokens.total == total else None
 
@@ -107,7 +138,7 @@ class TierCosts(BaseModel):
         ge=0, description="computing its KV in a prefill chunk of block_size tokens"
     )
     hit_us_per_token: dict[Tier, float] = Field(
-        description="taking its cached KV from each tier into a sequence"
+        max_length=MAX_TIERS, description="taking its cached KV from each tier into a sequence"
     )
     kv_bytes_per_token: int = Field(
         ge=1, description="bytes of KV per token (what a disk read or a peer copy moves)"

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from warmfleet_common.contract import WarmSetStatus
 from warmfleet_common.grants import GRANT_PATTERN
-from warmfleet_common.tiers import Tier, TierCosts
+from warmfleet_common.tiers import MAX_TIERS, Tier, TierCosts
 
 # A block key (16 bytes, warmfleet_common.chunking) in lowercase hex.
 BlockHex = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -142,7 +142,7 @@ class SnapshotBlock(_Wire):
     tier: Tier = "ram"  # the fastest tier that holds it (RAM blocks are often on disk too)
     # Every tier that holds it, fastest first: when RAM evicts it, it is still a block of
     # the next. Empty from daemons older than this field (then `tier`, and `on_disk`).
-    tiers: list[Tier] = Field(default_factory=list, max_length=16)
+    tiers: list[Tier] = Field(default_factory=list, max_length=MAX_TIERS)
     # The disk tier holds it too, as `tiers` says: kept for routers older than `tiers`.
     on_disk: bool = False
     source: Source | None = None  # where a RAM block's KV came from (as in `stored`)
@@ -234,6 +234,12 @@ class DaemonStatus(_Wire):
     )
     tier_costs: TierCosts | None = Field(
         None, description="what a prompt token costs here per tier, measured at start"
+    )
+    tiers: list[Tier] | None = Field(
+        None,
+        max_length=MAX_TIERS,
+        description="the cache tiers it serves from, fastest first: RAM, then those its "
+        "tier registry built (any tier name, not only the built-in ones)",
     )
     warm_sets: list[WarmSetStatus] | None = None
     kv_transfer: dict[str, Any] | None = None

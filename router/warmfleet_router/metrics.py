@@ -10,8 +10,9 @@ cache events: the accuracy that matters), `contended` (events, but another reque
 flight on that daemon shares blocks it has not stored yet: which of the two reuses them
 is the daemon's scheduling), `history` (guesses for backends without events),
 `resyncing`); predicted and served cached tokens by cache tier (`warmfleet.cache.tier`,
-one of `warmfleet_common.tiers.TIERS`; served tiers as a warmfleet daemon's usage says
-them);
+one of `warmfleet_common.tiers.TIERS`, or `other` for any tier a daemon's registry adds
+(`tier_label`: a backend's usage cannot add series); served tiers as a warmfleet
+daemon's usage says them);
 in-flight requests, health and index size as gauges; failovers and index resyncs as
 counters; time to first byte as seen by the router. Per tenant (`warmfleet.tenant`, the
 keys file's names, `-` for an open router's clients; past MAX_TENANT_LABELS, `other`):
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from warmfleet_common import otel
-from warmfleet_common.tiers import TIERS, TierTokens
+from warmfleet_common.tiers import OTHER_TIER, TIERS, TierTokens, tier_label
 from warmfleet_router.backend import Backend
 from warmfleet_router.quotas import LIMITS, OPEN
 from warmfleet_router.routes import Usage
@@ -79,12 +80,14 @@ class RouterMetrics(otel.Metrics):
         self._predicted_tiers = counter(
             "warmfleet.router.predicted_tier_hit_tokens", "{token}",
             "Cached tokens the router's index predicted, for requests with usage, by the "
-            f"tier it expected each block in (warmfleet.cache.tier: {', '.join(TIERS)})",
+            f"tier it expected each block in (warmfleet.cache.tier: {', '.join(TIERS)}, "
+            f"{OTHER_TIER})",
         )  # fmt: skip
         self._served_tiers = counter(
             "warmfleet.router.tier_hit_tokens", "{token}",
             "Prompt tokens served from the backends' caches by the tier they came from, as "
-            "their usage says (warmfleet daemons' cached_tokens_by_tier)",
+            "their usage says (warmfleet daemons' cached_tokens_by_tier; tiers beyond "
+            f"{', '.join(TIERS)} as {OTHER_TIER})",
         )  # fmt: skip
         self._predictions = counter(
             "warmfleet.router.predictions", "{request}",
@@ -310,9 +313,10 @@ class RouterMetrics(otel.Metrics):
                     result = "under"
                 self._predictions.add(1, {**judged, "warmfleet.prediction": result})
                 for tier, tokens in (predicted_tiers or {}).items():
-                    self._predicted_tiers.add(tokens, {**judged, "warmfleet.cache.tier": tier})
+                    tier_labels = {**judged, "warmfleet.cache.tier": tier_label(tier)}
+                    self._predicted_tiers.add(tokens, tier_labels)
             for tier, tokens in (served_tiers or {}).items():
-                self._served_tiers.add(tokens, {**base, "warmfleet.cache.tier": tier})
+                self._served_tiers.add(tokens, {**base, "warmfleet.cache.tier": tier_label(tier)})
 
     def decision(self, route: str, seconds: float) -> None:
         self._decision.record(seconds, {"warmfleet.route": route})

@@ -57,6 +57,7 @@ from warmfleet_router.sync_reads import (
     NoEvents,
     Unavailable,
     holders,
+    indexed_tier,
     jitter,
     raise_for_events_status,
     status_field,
@@ -536,9 +537,10 @@ class BackendSync:
         if event.seq != backend.seq + 1:
             raise ResyncNeeded(f"event {event.seq} after {backend.seq}")
         if isinstance(event, BlockStored):
-            index.stored(backend.name, bytes.fromhex(event.key), event.logits, event.tier)
+            key, tier = bytes.fromhex(event.key), indexed_tier(event.tier)
+            index.stored(backend.name, key, event.logits, tier)
         elif isinstance(event, BlockEvicted):  # a block may leave RAM and stay on disk
-            index.evicted(backend.name, bytes.fromhex(event.key), event.tier)
+            index.evicted(backend.name, bytes.fromhex(event.key), indexed_tier(event.tier))
         else:
             index.cleared(backend.name)
         backend.seq = event.seq

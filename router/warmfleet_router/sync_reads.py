@@ -13,7 +13,7 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from warmfleet_common import bounded
-from warmfleet_common.tiers import Tier
+from warmfleet_common.tiers import TIERS, Tier
 from warmfleet_common.wire import SnapshotBlock
 
 
@@ -69,7 +69,19 @@ def jitter(delay: float) -> float:
 
 def holders(block: SnapshotBlock) -> set[Tier]:
     """The tiers a snapshot says hold a block (from daemons before `tiers`: its fastest
-    tier, and the disk when `on_disk`)."""
+    tier, and the disk when `on_disk`), as the index keeps them (`indexed_tier`)."""
     if block.tiers:
-        return set(block.tiers)
-    return {block.tier, "disk"} if block.on_disk else {block.tier}
+        return {indexed_tier(t) for t in block.tiers}
+    named = {block.tier, "disk"} if block.on_disk else {block.tier}
+    return {indexed_tier(t) for t in named}
+
+
+def indexed_tier(tier: Tier) -> Tier:
+    """The tier the index keeps a block of `tier` in: its own for a built-in tier; for a
+    tier a daemon's registry added, which the index has no bit for, the slowest built-in
+    one, the peer's. That is what the router makes of a tier it does not know: a tier
+    beyond RAM (not a RAM hit for the faster-tier scorer) whose hit the time-saved score
+    counts as saving nothing (a daemon prices no peer tier: a copy's cost is its link's).
+    No daemon reports blocks in the peer tier (a peer's blocks are in the peer's own
+    events), so they mix with none."""
+    return tier if tier in TIERS else TIERS[-1]

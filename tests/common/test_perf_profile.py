@@ -180,9 +180,10 @@ def test_unknown_fields_are_refused_at_the_top_and_in_a_point() -> None:
         _profile(decode=[{"at": 1, "tokens_per_s": 10.0, "batch": 1}])
 
 
-def test_unknown_tiers_and_non_positive_rates_are_refused() -> None:
+def test_malformed_tier_names_and_non_positive_rates_are_refused() -> None:
+    assert _profile(restore={"ram": 1e6, "vault": 10.0}).restore_seconds("vault", 10) == 1.0
     with pytest.raises(ProfileError, match="restore"):
-        _profile(restore={"gpu": 10.0})
+        _profile(restore={"GPU": 10.0})  # a tier is any well-formed name, this is none
     with pytest.raises(ProfileError, match="rates must be positive"):
         _profile(restore={"ram": 0.0})
     with pytest.raises(ProfileError, match="tokens_per_s"):

@@ -108,6 +108,7 @@ async def status(ready: ReadyDep, state: StateDep, admin: IsAdminDep) -> DaemonS
         # the error when a full or failing disk turned it off.
         disk_tier=_disk_tier(ready, admin),
         tier_costs=ready.costs,
+        tiers=[tier.name for tier in ready.engine.tiers],  # the tier registry's, by name
         **detail,
         warm_set_counts=WarmSetCounts(
             sets=len(sets),

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 
 from warmfleet_common.chunking import BlockKey, Chunk, plan_chunks, root_key
 from warmfleet_common.prompts import RenderedPrompt
-from warmfleet_common.tiers import TIERS
+from warmfleet_common.tiers import is_tier
 from warmfleet_daemon.cache.prefix_cache import PrefixCache
 from warmfleet_daemon.engine import activation, attention, head, kv, probe
 from warmfleet_daemon.engine.decode import Decoder
@@ -134,14 +134,21 @@ class Engine:
         )
 
     def attach_tier(self, tier: CacheTier) -> None:
-        """A tier beyond RAM (the assembly attaches the registry's, before `start()`):
-        prompts' matches continue there, in `TIERS` order. It replaces a tier of the same
-        name (one whose owner stopped); RAM is the engine's own."""
+        """A tier beyond RAM (the assembly attaches the registry's, fastest first, before
+        `start()`): prompts' matches continue through the tiers in the order attached.
+        It replaces a tier of the same name in its place (one whose owner stopped); RAM
+        is the engine's own. Its name is any tier name (`warmfleet_common.tiers.Tier`):
+        the events, the snapshot, the status and the usage carry it as it is."""
+        if not is_tier(tier.name):
+            raise ValueError(f"not a cache tier name: {tier.name!r} (see TIER_PATTERN)")
         if tier.name == self.tiers[0].name:
             raise ValueError(f"the {tier.name} tier is the engine's own")
-        kept = [t for t in self.tiers if t.name != tier.name]
+        names = [t.name for t in self.tiers]
         # In place: the prefiller reads this very list.
-        self.tiers[:] = sorted([*kept, tier], key=lambda t: TIERS.index(t.name))
+        if tier.name in names:
+            self.tiers[names.index(tier.name)] = tier
+        else:
+            self.tiers.append(tier)
 
     # -- lifecycle ----------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Cache tiers as the engine sees them: RAM (the prefix cache), the disk, a peer daemon,
 and whatever comes next, all behind one protocol.
 
-A prompt's match runs through the tiers fastest first (`warmfleet_common.tiers.TIERS`):
+A prompt's match runs through the tiers fastest first (RAM, then the tier registry's
+in its order; a tier's name is any `warmfleet_common.tiers.Tier`, not only a built-in):
 each tier is asked for the prompt's chunks from where the tier before it stopped, and
 answers with a `Prefetching` (the run it holds, read in chain order while the engine
 restores or computes the earlier chunks) or None. RAM answers at once with the run it
@@ -53,7 +54,9 @@ class CacheTier(Protocol):
     """A place that holds prefix-cache blocks: RAM, the disk, a peer daemon."""
 
     @property
-    def name(self) -> Tier: ...
+    def name(self) -> Tier:
+        """What the cache events, the snapshot, the status and the usage call it."""
+        ...
 
     # Told of the blocks it gains and loses (RAM's changes are the prefix cache's own).
     listeners: list[TierListener]

@@ -1,10 +1,14 @@
 """The cache tiers beyond RAM, one line each, in the order a prompt's match continues
-through them (fastest first, as `warmfleet_common.tiers.TIERS` names them).
+through them (fastest first). This registry is the authority for which tiers a daemon
+has: the other components know the built-in ones (`warmfleet_common.tiers.TIERS`) by
+name and take any other well-formed name (`warmfleet_common.tiers.Tier`) as one more
+tier beyond RAM.
 
-A new tier is a module with a class that implements `engine.tiers.CacheTier` and a
-`build(context)` that returns it (or None when its settings leave it off), its name in
-`warmfleet_common.tiers.Tier`, and its line here; `KVTransfer` builds the tiers and the
-assembly attaches them to the engine.
+A new tier is a module with a class that implements `engine.tiers.CacheTier` (its
+`name`, the key here, matching `warmfleet_common.tiers.TIER_PATTERN`) and a
+`build(context)` that returns it (or None when its settings leave it off), and its line
+here; `KVTransfer` builds the tiers and the assembly attaches them to the engine, whose
+events, snapshot, status and usage then say its name.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ class Telemetry(otel.Metrics):
             "warmfleet.prefix_cache.tier.hit_tokens",
             unit="{token}",
             description="Prompt tokens served from the prefix cache, by the tier they came "
-            f"from (warmfleet.cache.tier: {', '.join(TIERS)})",
+            f"from (warmfleet.cache.tier: {', '.join(TIERS)} or a tier the daemon's tier "
+            "registry adds, by its name: as many values as the registry has tiers)",
         )
         self._warmup = meter.create_histogram(
             "warmfleet.warmup.duration",

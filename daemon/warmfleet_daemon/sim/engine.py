@@ -146,7 +146,7 @@ class SimPrefiller(Prefiller):
         done = super().advance(seq)
         # The cached blocks it took this step, restored from RAM into its caches (a block
         # from the disk or a peer was read into RAM first, in that tier's time: SimCodec).
-        taken = sum(seq.cached[tier] - before[tier] for tier in TIERS)
+        taken = seq.cached.total - before.total  # in every tier, a registered one's too
         seconds = self.forward.profile.restore_seconds("ram", taken)
         if done and self.tokens_total == computed and not seq.request.prefill_only:
             # Entirely cached: the real engine samples the first token from the logits
