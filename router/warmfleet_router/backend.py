@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from warmfleet_common.tiers import TierCosts
 
 Health = Literal["unknown", "ready", "unready", "draining", "down"]
+# What admission and keying read of a backend: setting one bumps Backend.revision, so a
+# view computed from them (`shortlist.FleetView`) is rebuilt only when one changes.
+_WATCHED = frozenset(
+    {"spec", "health", "models", "fingerprint", "leaving", "context_length", "shared_tokens"}
+)
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,13 @@ class Backend:
     # Its source dropped it (a WarmNode deleted): draining while its sessions are handed
     # off, then gone. Its probes cannot make it ready again.
     leaving: bool = False
+
+    revision: ClassVar[int] = 0  # of every backend's watched fields (see _WATCHED)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _WATCHED and getattr(self, name, _UNSET) != value:
+            Backend.revision += 1
+        object.__setattr__(self, name, value)
 
     @property
     def name(self) -> str:

@@ -94,7 +94,11 @@ class BlockIndex:
         # The inverted index: key -> holders (bitsets over slots, see _HELD...).
         self._holders: dict[BlockKey, list[int]] = {}
         self._slots: dict[str, int] = {}  # backend -> its bit
+        self._names: dict[int, str] = {}  # bit -> its backend
         self._free_slots: list[int] = []
+        # Bumped when a bit or a shared set changes hands: what callers cache by slot
+        # (`shortlist.FleetView`) is stale once it moves.
+        self.revision = 0
         self._precise_slots = 0  # the bits of backends with events
 
     # -- precise: a daemon's cache events ---------------------------------------
@@ -175,8 +179,15 @@ class BlockIndex:
 
     def set_shared(self, backend: str, keys: Iterable[BlockKey]) -> None:
         """The blocks this backend shares with every tenant (replaces)."""
-        self._shared[backend] = frozenset(keys)
+        shared = frozenset(keys)
+        if shared != self._shared.get(backend):
+            self._shared[backend] = shared
+            self.revision += 1
         self._keep_budget()
+
+    def shared(self, backend: str) -> frozenset[BlockKey]:
+        """The blocks this backend shares with every tenant (`set_shared`)."""
+        return self._shared.get(backend, frozenset())
 
     def on(self, backend: str, blocks: RequestBlocks) -> RequestBlocks:
         """A request's blocks as `backend` keys them (a salted request: the run it shares
@@ -268,7 +279,9 @@ class BlockIndex:
             self._shared.pop(backend, None)
             if bit:  # nothing of it is left: its bit is free
                 del self._slots[backend]
+                del self._names[bit]
                 self._free_slots.append(bit.bit_length() - 1)
+                self.revision += 1
 
     def predict(self, backend: str, blocks: RequestBlocks) -> int:
         """Prompt tokens this backend would serve from its cache."""
@@ -326,10 +339,56 @@ class BlockIndex:
             mask = 0
             for backend in members:
                 mask |= slots.get(backend, 0)
-            hits = self._walk(keyed, mask)
+            walk = self.walk(keyed, mask)
+            hits = {bit: walk.hit(bit, run) for group, run in walk.runs for bit in _bits(group)}
             for backend in members:
                 out[backend] = Prediction(keyed, hits.get(slots.get(backend, 0), NO_TOKENS))
         return out
+
+    def walk(self, blocks: RequestBlocks, slots: int) -> Walk:
+        """The runs of the request's blocks that the backends in `slots` (by bit) hold,
+        walking its blocks once: the backends still holding the run narrow at each
+        block. Only backends holding at least its first block are in a run; a backend's
+        `Walk.hit` is what `predict_tiers` says for it."""
+        keys = blocks.keys
+        if not keys or not slots:
+            return Walk(self, blocks, [], [])
+        precise = self._precise_slots
+        estimated = ~precise
+        runs: list[tuple[int, int]] = []  # (bits, blocks in their run), shortest first
+        off_ram: list[tuple[int, int]] = []  # (index, bits) of precise blocks not in RAM
+        alive = slots
+        for index, key in enumerate(keys):
+            holders = self._holders.get(key)
+            held = 0
+            if holders is not None:
+                held = holders[_HELD] & precise | (holders[_HISTORY] | holders[_PINNED]) & estimated
+                if holders[_NOT_RAM] & alive:
+                    off_ram.append((index, holders[_NOT_RAM] & alive))
+            if index and alive & ~held:
+                runs.append((alive & ~held, index))
+            alive &= held
+            if not alive:
+                break
+        else:  # those holding every block need the final block's logits
+            holders = self._holders[keys[-1]]
+            logits = holders[_WITH_LOGITS] & precise | holders[_HISTORY] & estimated
+            if alive & ~logits and len(keys) > 1:
+                if runs and runs[-1][1] == len(keys) - 1:
+                    runs[-1] = (runs[-1][0] | alive & ~logits, len(keys) - 1)
+                else:
+                    runs.append((alive & ~logits, len(keys) - 1))
+            if alive & logits:
+                runs.append((alive & logits, len(keys)))
+        runs.reverse()
+        return Walk(self, blocks, runs, off_ram)
+
+    def slot(self, backend: str) -> int:
+        """The bit of `backend` in the holders' bitsets (given one if it has none)."""
+        return self._slot(backend)
+
+    def name_of(self, bit: int) -> str | None:
+        return self._names.get(bit)
 
     def tiers(self, backend: str, key: BlockKey) -> frozenset[Tier]:
         """The tiers a backend's events say hold `key` (empty: none known)."""
@@ -355,6 +414,8 @@ class BlockIndex:
         if bit is None:
             slot = self._free_slots.pop() if self._free_slots else len(self._slots)
             bit = self._slots[backend] = 1 << slot
+            self._names[bit] = backend
+            self.revision += 1
         return bit
 
     def _mark(self, key: BlockKey, kind: int, bit: int) -> None:
@@ -397,61 +458,47 @@ class BlockIndex:
         if not any(holders):
             del self._holders[key]
 
-    def _walk(self, blocks: RequestBlocks, slots: int) -> dict[int, TierTokens]:
-        """The cached tokens of each backend in `slots` (by bit) that holds at least the
-        request's first block, walking its blocks once: the backends still holding the
-        run narrow at each block. What `predict_tiers` says, for every backend at once."""
-        keys, ends = blocks.keys, blocks.ends
-        if not keys or not slots:
-            return {}
-        precise = self._precise_slots
-        estimated = ~precise
-        runs: dict[int, int] = {}  # bit -> blocks in its run
-        off_ram: list[tuple[int, int]] = []  # (index, bits) of precise blocks not in RAM
-        alive = slots
-        for index, key in enumerate(keys):
-            holders = self._holders.get(key)
-            held = 0
-            if holders is not None:
-                held = holders[_HELD] & precise | (holders[_HISTORY] | holders[_PINNED]) & estimated
-                if holders[_NOT_RAM] & alive:
-                    off_ram.append((index, holders[_NOT_RAM] & alive))
-            for bit in _bits(alive & ~held):
-                runs[bit] = index
-            alive &= held
-            if not alive:
+
+class Walk:
+    """One walk of a request's blocks (`BlockIndex.walk`): the backends holding each run
+    length, grouped (`runs`: bits and blocks, longest first), and each one's hit."""
+
+    def __init__(
+        self,
+        index: BlockIndex,
+        blocks: RequestBlocks,
+        runs: list[tuple[int, int]],
+        off_ram: list[tuple[int, int]],
+    ) -> None:
+        self.blocks = blocks
+        self.runs = runs
+        self._index = index
+        self._off_ram = off_ram
+        self._in_ram: dict[int, TierTokens] = {}  # one object per run length: most are alike
+
+    def hit(self, bit: int, run: int) -> TierTokens:
+        """The cached tokens by tier of the backend at `bit`, whose run is `run` blocks."""
+        ends = self.blocks.ends
+        index = self._index
+        if not bit & index._precise_slots or not any(w & bit for i, w in self._off_ram if i < run):
+            hit = self._in_ram.get(run)
+            if hit is None:
+                hit = self._in_ram[run] = TierTokens({FASTEST: ends[run - 1]})
+            return hit
+        tokens = dict.fromkeys(TIERS, 0)
+        tokens[FASTEST] = ends[run - 1]
+        entries = index._precise[index._names[bit]]
+        keys = self.blocks.keys
+        for at, where in self._off_ram:
+            if at >= run:
                 break
-        else:  # those holding every block need the final block's logits
-            holders = self._holders[keys[-1]]
-            logits = holders[_WITH_LOGITS] & precise | holders[_HISTORY] & estimated
-            for bit in _bits(alive):
-                runs[bit] = len(keys) if bit & logits else len(keys) - 1
-        out: dict[int, TierTokens] = {}
-        names = {bit: name for name, bit in self._slots.items()} if off_ram else {}
-        in_ram: dict[int, TierTokens] = {}  # one object per run length: most runs are alike
-        for bit, run in runs.items():
-            if not run:
-                continue
-            if not bit & precise or not off_ram:
-                hit = in_ram.get(run)
-                if hit is None:
-                    hit = in_ram[run] = TierTokens({FASTEST: ends[run - 1]})
-                out[bit] = hit
-                continue
-            tokens = dict.fromkeys(TIERS, 0)
-            tokens[FASTEST] = ends[run - 1]
-            entries = self._precise[names[bit]]
-            for index, where in off_ram:
-                if index >= run:
-                    break
-                if where & bit:  # the fastest tier holding it, RAM excepted
-                    entry = entries[keys[index]]
-                    tier = next(t for t, tier_bit in _TIER_BIT.items() if entry & tier_bit)
-                    size = ends[index] - (ends[index - 1] if index else 0)
-                    tokens[tier] += size
-                    tokens[FASTEST] -= size
-            out[bit] = TierTokens(tokens)
-        return out
+            if where & bit:  # the fastest tier holding it, RAM excepted
+                entry = entries[keys[at]]
+                tier = next(t for t, tier_bit in _TIER_BIT.items() if entry & tier_bit)
+                size = ends[at] - (ends[at - 1] if at else 0)
+                tokens[tier] += size
+                tokens[FASTEST] -= size
+        return TierTokens(tokens)
 
 
 class Prediction(NamedTuple):

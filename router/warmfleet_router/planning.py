@@ -13,19 +13,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmfleet_common.tiers import TierTokens
+from warmfleet_common.tiers import NO_TOKENS, TierTokens
 from warmfleet_router.backend import Backend
 from warmfleet_router.handoff import HotSessions
 from warmfleet_router.index import BlockIndex, Flight
-from warmfleet_router.keys import EMPTY, MESSAGE_KEYS, RequestBlocks
+from warmfleet_router.keys import EMPTY, RequestBlocks
 from warmfleet_router.learning import Head
 from warmfleet_router.membership import Membership
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
-from warmfleet_router.policy import Candidate, Decision, Reason, RoutingRequest, admit, build
+from warmfleet_router.policy import Candidate, Decision, Reason, RoutingRequest, build
 from warmfleet_router.prepare import Invalid, Job, RequestInvalid
 from warmfleet_router.routes import ProxiedRoute, Usage
 from warmfleet_router.sessions import SessionDigest, SessionKeys, SessionTable
+from warmfleet_router.shortlist import FleetView, fleet_view, shortlist
 
 RECENT_DECISIONS = 100
 
@@ -71,6 +72,8 @@ class Planner:
         self._session_digest = session_digest
         self._turn = 0
         self._learn = options.learn.on
+        self._fleet_view: FleetView | None = None
+        self._fleet_view_key: tuple[int, ...] = ()
 
     def next_turn(self) -> int:
         """Counts the policy's decisions (round-robin takes turns by it)."""
@@ -89,18 +92,16 @@ class Planner:
         A tenant's request is keyed with its salt and its session is its own."""
         arrived = time.monotonic()
         members = self.members
-        ready = members.usable()
+        view = self._view()
         keyed = self.policy.needs_cache
-        fingerprints = sorted({members.fingerprint_of(b) for b in ready}) if keyed else []
-        contexts = [b.context_length for b in ready if b.context_length]
         job = Job(
             route.name,
             raw,
-            tuple(fingerprints),
+            view.layouts if keyed else (),
             self.session_keys.body_paths,
-            max(contexts) if ready and len(contexts) == len(ready) else None,
+            view.max_context,
             tenant,
-            max((b.shared_tokens for b in ready), default=0),
+            view.shared_tokens,
             self._learn,
         )
         prepared = await members.pool.prepare(job)
@@ -111,41 +112,38 @@ class Planner:
         affinity = self.session_keys.of(headers, prepared.session_values)
         if affinity is not None and tenant is not None:
             affinity = f"{tenant}/{affinity}"  # one tenant cannot steer another's session
-        fleet = [candidate(b) for b in members.backends.values()]
-        admitted = {c.name for c in admit(fleet, RoutingRequest(prepared.model, fleet=fleet))}
+        view = self._view()  # the fleet may have changed while the body was keyed
+        admitted = view.admitted(prepared.model)
         if prepared.invalid is not None:  # the daemons check the model first, and so do we
             raise RequestInvalid(prepared.invalid)
-        backends = [b for b in members.backends.values() if b.name in admitted]
-        # One walk of the request's blocks per model layout for the whole fleet (the
-        # backends a peer copy may come from included), not one per backend.
-        holding = [b for b in members.backends.values() if self._may_hold(b)] if keyed else []
-        seen = {b.name: b for b in (*backends, *holding)}
-        predictions = self.index.predict_fleet(
-            {
-                name: prepared.blocks.get(members.fingerprint_of(b), EMPTY) if keyed else EMPTY
-                for name, b in seen.items()
-            }
-        )
-        blocks = {b.name: predictions[b.name].blocks for b in backends}
-        hits = {b.name: predictions[b.name].hit for b in backends}
+        session_backend = self.sessions.get(affinity) if affinity else None
+        turn = self.next_turn()
+        if keyed:
+            # One walk of the request's blocks per keying for the whole fleet (the
+            # backends a peer copy may come from included), and only a sample of each
+            # group of alike backends scored (`shortlist`).
+            last = next((r.last_key for r in prepared.blocks.values() if r.last_key), None)
+            sample = (affinity.encode() if affinity else last) or str(turn).encode()
+            short = shortlist(view, self.index, prepared.blocks, admitted, sample, session_backend)
+            backends, holders = short.backends, short.holders
+            blocks = {name: p.blocks for name, p in short.predictions.items()}
+            hits = {name: p.hit for name, p in short.predictions.items()}
+        else:
+            backends, holders = admitted[0], {}
+            blocks = dict.fromkeys((b.name for b in backends), EMPTY)
+            hits = dict.fromkeys((b.name for b in backends), NO_TOKENS)
         candidates = [scored(b, hits[b.name]) for b in backends]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
-        turn = self.next_turn()
         request = RoutingRequest(
             model=prepared.model,
             tie_key=(affinity.encode() if affinity else tie) or str(turn).encode(),
             affinity=affinity,
-            session_backend=self.sessions.get(affinity) if affinity else None,
+            session_backend=session_backend,
             turn=turn,
         )
         decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
         sources = {b.name: source(b) for b in backends}
-        holders = {
-            b.name: predictions[b.name].hit.total
-            for b in holding
-            if predictions[b.name].blocks.keys and members.fingerprint_of(b) in prepared.blocks
-        }
         self.metrics.request_cpu(route.name, "route", time.thread_time() - cpu_started)
         self.metrics.decision(route.name, time.monotonic() - arrived)
         return Plan(
@@ -153,14 +151,22 @@ class Planner:
             head=prepared.head,
         )  # fmt: skip
 
-    def _may_hold(self, b: Backend) -> bool:
-        """Whether a peer copy may come from `b`: ready or draining (a draining daemon
-        still serves its blocks), with a layout of its own."""
-        return (
-            b.health in ("ready", "draining")
-            and b.fingerprint is not None
-            and self.members.fingerprint_of(b) != MESSAGE_KEYS
-        )
+    def _view(self) -> FleetView:
+        """The fleet as admission and keying see it, rebuilt when it changed."""
+        members = self.members
+        changed = (
+            Backend.revision, self.index.revision, len(members.backends), len(members.pool.usable)
+        )  # fmt: skip
+        if self._fleet_view is None or changed != self._fleet_view_key:
+            backends = list(members.backends.values())
+            fingerprints = {b.name: members.fingerprint_of(b) for b in backends}
+            self._fleet_view = fleet_view(backends, self.index, fingerprints)
+            # fleet_view may give backends their slots: the key is read after it
+            self._fleet_view_key = (
+                Backend.revision, self.index.revision, len(members.backends),
+                len(members.pool.usable),
+            )  # fmt: skip
+        return self._fleet_view
 
     def spill_peer(self, plan: Plan, backend: Backend) -> Backend | None:
         """The backend holding more of this request's blocks than `backend` does (the
@@ -258,11 +264,6 @@ class Planner:
             return None
         # Decision time: by the end, the index holds what this request itself stored.
         return plan.predicted.get(backend.name)
-
-
-def candidate(backend: Backend) -> Candidate:
-    """The backend as admission sees it: its state, before the request is keyed."""
-    return Candidate(backend.name, backend.in_flight, ready=backend.usable, models=backend.models)
 
 
 def scored(backend: Backend, hit: TierTokens) -> Candidate:
