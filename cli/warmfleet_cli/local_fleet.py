@@ -63,10 +63,15 @@ class FleetOptions:
     tls: bool = False  # every hop over TLS, from a throwaway CA in the folder (`local_ca`)
     api_keys_file: str | None = None  # client keys, for the router and every daemon
     quotas_file: str | None = None  # the router's per-tenant limits
+    # The router learns warm prompts from K sessions (0: off); the operator's `learned`
+    # WarmPromptSet carries the fleet-wide ones to every node.
+    learn_min_sessions: int = 3
 
     def problem(self) -> str | None:
         """Why these options cannot start a fleet, or None."""
         limit = MAX_NODES[self.engine]
+        if self.learn_min_sessions < 0:
+            return "--learn-min-sessions must be >= 0"
         if not 1 <= self.nodes <= limit:
             return f"--nodes must be between 1 and {limit} (--engine {self.engine})"
         if self.engine == "sim" and not self.profile:
@@ -123,6 +128,9 @@ class LocalFleet:
             hosts = sorted({"localhost", "127.0.0.1", self.options.host})
             self.certs = make_local_ca(self.folder / "tls", hosts)
         (self.folder / "warm-sets.yaml").write_text(yaml.safe_dump_all(self.warm, sort_keys=False))
+        if self.options.learn_min_sessions and not self.options.api_keys_file:
+            learning = learning_set(self.router_url, self.options.learn_min_sessions)
+            (self.folder / "learned-set.yaml").write_text(yaml.safe_dump(learning, sort_keys=False))
         self._start_daemons(1, self.options.nodes)
         self._write_nodes(self.options.nodes)
         me = [sys.executable, "-m", "warmfleet_cli"]
@@ -139,6 +147,7 @@ class LocalFleet:
             str(self.token_file), "--host", o.host, "--port", str(o.port), "--policy",
             o.policy, "--log-level", o.log_level, *(["--access-log"] if o.access_log else []),
             *self._tls_args(), *self._keys_args(),
+            "--learn-min-sessions", str(o.learn_min_sessions),
         ]  # fmt: skip
         if o.quotas_file:
             router += ["--quotas", o.quotas_file]
@@ -282,6 +291,26 @@ class LocalFleet:
             raise ValueError(f"node {node} takes no commands (simulated, with node control)")
         child.process.stdin.write(f"{verb} {node}\n".encode())
         child.process.stdin.flush()
+
+
+def learning_set(router_url: str, min_sessions: int) -> dict[str, Any]:
+    """The WarmPromptSet the operator fills with the router's fleet-wide learned warm
+    prompts, for every node of the fleet."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "WarmPromptSet",
+        "metadata": {"name": "learned", "namespace": "default"},
+        "spec": {
+            "nodeSelector": {"matchLabels": {FLEET_LABEL: "local"}},
+            "learn": {
+                "router": {
+                    "url": router_url,
+                    "adminTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"},
+                },
+                "minSessions": min_sessions,
+            },
+        },
+    }
 
 
 def fleet_documents(

@@ -111,6 +111,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quotas", metavar="FILE", help="the router's limits per tenant (YAML)")
     p.add_argument(
+        "--learn-min-sessions",
+        type=int,
+        default=3,
+        metavar="K",
+        help="the router learns a warm prompt from a static head K distinct sessions sent, "
+        "and the operator's `learned` WarmPromptSet warms it on every node (with "
+        "--api-keys-file, each tenant's stay at the router: GET /v1/router/learned); 0: off",
+    )
+    p.add_argument(
         "--log-level",
         default="warning",
         help="of every component (default warning: the fleet says only what goes wrong, and "
@@ -190,6 +199,7 @@ def options_of(args: argparse.Namespace) -> FleetOptions:
         tls=args.tls,
         api_keys_file=str(Path(args.api_keys_file).absolute()) if args.api_keys_file else None,
         quotas_file=str(Path(args.quotas).absolute()) if args.quotas else None,
+        learn_min_sessions=args.learn_min_sessions,
     )
 
 

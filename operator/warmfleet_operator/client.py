@@ -10,6 +10,7 @@ import random
 import ssl
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -132,6 +133,21 @@ class DaemonClient:
         except httpx.TransportError:
             return False
         return r.status_code == 200
+
+    async def learned(self, url: str, token_ref: SecretRef | None, tenant: str) -> list[Any]:
+        """The warm prompts a router learned for `tenant` (`-`: the fleet-wide ones):
+        its `GET /v1/router/learned` listing's `data`."""
+        if not url.startswith(("http://", "https://")):
+            raise DaemonError(f"spec.learn.router.url {url[:64]!r} is no http(s) URL", status=400)
+        router = Node("router", url.rstrip("/"), token_ref=token_ref)
+        r = await self._call(router, "GET", f"/v1/router/learned?tenant={quote(tenant)}", ok=(200,))
+        try:
+            data = r.json()["data"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DaemonError(f"{url}: unexpected answer: {exc}", status=502) from exc
+        if not isinstance(data, list):
+            raise DaemonError(f"{url}: unexpected answer: data is no list", status=502)
+        return data
 
     async def status(self, node: Node) -> DaemonStatus:
         r = await self._call(node, "GET", "/v1/status", ok=(200,))

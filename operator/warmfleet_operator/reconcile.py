@@ -87,9 +87,11 @@ def resolve(
     generation: int,
     configmaps: ConfigMaps,
     uid: str | None = None,
+    learned: Sequence[Mapping[str, Any]] = (),
 ) -> WarmSetSpec:
     """The push body for a WarmPromptSet spec, ConfigMap references resolved; the
-    prompts' shapes (chat messages, `anthropic`, `responses`) pass through unchanged.
+    prompts' shapes (chat messages, `anthropic`, `responses`) pass through unchanged,
+    and the `learned` prompts (a learning set's: `learned.select`) follow its own.
     Raises InvalidSpec (reason ConfigMapMissing, ConfigMapInvalid or InvalidSpec)."""
     prompts = []
     for prompt in spec.get("prompts") or []:
@@ -103,6 +105,7 @@ def resolve(
                     text, field, prompt.get("name"), prompt[source]["configMapKeyRef"]
                 )
         prompts.append(item)
+    prompts += [dict(p) for p in learned]
     body = {
         "generation": generation,
         "uid": uid,
@@ -314,8 +317,10 @@ def set_status(
     invalid: InvalidSpec | None,
     previous: Sequence[Mapping[str, Any]],
     now: str,
+    learning: bool = False,
 ) -> dict[str, Any]:
-    """The WarmPromptSet status: per node entries and Ready/Progressing/Degraded."""
+    """The WarmPromptSet status: per node entries and Ready/Progressing/Degraded
+    (`learning`: a set filled by the router's learned prompts, maybe none yet)."""
     nodes = [node_entry(n, observations.get(n.name), now) for n in selected]
     current = [
         e
@@ -336,6 +341,11 @@ def set_status(
         ready = ("False", invalid.reason, invalid.message)
         progressing = ("False", invalid.reason, "nothing pushed until the spec is fixed")
         degraded = ("True", invalid.reason, invalid.message)
+    elif learning and desired is not None and not desired.prompts:
+        said = "no prompt learned yet: the router has seen no static head from enough sessions"
+        ready = ("True", "NothingLearned", said)
+        progressing = ("False", "NothingLearned", said)
+        degraded = ("False", "NothingLearned", said)
     elif not selected:
         ready = ("False", "NoNodes", "no WarmNode matches the node selector")
         progressing = ("False", "NoNodes", "no WarmNode matches the node selector")

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmfleet_common.contract import WarmSetSpec, WarmSetStatus
-from warmfleet_common.crd import Node, SetKey
+from warmfleet_common.crd import Node, SecretRef, SetKey
 from warmfleet_common.wire import StatusCache
-from warmfleet_operator import reconcile
+from warmfleet_operator import learned, reconcile
 from warmfleet_operator.client import DaemonClient, DaemonError
 from warmfleet_operator.objects import InvalidSpec, Observation, Push, Remove
 from warmfleet_operator.reconcile import ConfigMaps
@@ -83,6 +83,9 @@ class Service:
             weakref.WeakValueDictionary()
         )
         self._newest: dict[SetKey, tuple[str | None, int]] = {}
+        # A learning set's learned prompts as last read from its router (kept while the
+        # router cannot be read).
+        self._learned: dict[SetKey, learned.Learned] = {}
 
     async def reconcile(
         self,
@@ -137,9 +140,12 @@ class Service:
     ) -> Outcome:
         nodes = list(nodes)
         previous = status or {}
+        taken, learn_error = (
+            await self.learned_prompts(key, spec) if spec.get("learn") else (None, None)
+        )
         try:
             desired: WarmSetSpec | None = reconcile.resolve(
-                spec, key.namespace, generation, configmaps, uid
+                spec, key.namespace, generation, configmaps, uid, taken.prompts if taken else ()
             )
             invalid = None
         except InvalidSpec as exc:
@@ -165,7 +171,12 @@ class Service:
             invalid=invalid,
             previous=previous.get("conditions") or [],
             now=now(),
+            learning=taken is not None,
         )
+        if taken is not None:
+            new_status.update(learnedPrompts=len(taken.prompts), learned=taken.status)
+            if learn_error:
+                new_status["learnError"] = learn_error[: reconcile.MAX_ERROR_CHARS]
         failed = {
             p.node.name: observations[p.node.name].error or "failed"
             for p in pushes
@@ -179,6 +190,33 @@ class Service:
             reconcile.describe(key, pushes, removes, failed),
             failed,
         )
+
+    async def learned_prompts(
+        self, key: SetKey, spec: Mapping[str, Any]
+    ) -> tuple[learned.Learned, str | None]:
+        """The learned prompts a learning set takes from its router now, and why they
+        could not be read (then those read last time)."""
+        learn = spec.get("learn") or {}
+        router = learn.get("router") or {}
+        ref = router.get("adminTokenSecretRef")
+        try:
+            listing = await self.daemons.learned(
+                str(router.get("url") or ""),
+                SecretRef.from_spec(ref) if ref else None,
+                learned.tenant_of(spec),
+            )
+            taken = learned.select(spec, listing, time.time())
+        except DaemonError as exc:
+            # A router still starting (`warmfleet up` starts it after the operator) is no
+            # news until it has answered once; the status says why either way.
+            quiet = exc.unreachable and key not in self._learned
+            log.log(logging.DEBUG if quiet else logging.WARNING,
+                    "%s: the router's learned prompts: %s", key, exc.message)  # fmt: skip
+            return self._learned.get(key, learned.Learned()), exc.message
+        except (ValueError, TypeError, KeyError) as exc:  # a local-mode spec the CRD would refuse
+            return learned.Learned(), f"spec.learn: {exc}"
+        self._learned[key] = taken
+        return taken, None
 
     def _hold_back_rejected(
         self,

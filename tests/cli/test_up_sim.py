@@ -1,6 +1,7 @@
 """`warmfleet up --engine sim`: the whole fleet (simulated daemons many to a process, the
 operator in local mode, the router) as `up` starts it on real models; warm sets reach
-every simulated node and the first request through the router is already warm."""
+every simulated node (the `--warm` one, and the learning one `up` writes) and the first
+request through the router is already warm."""
 
 from __future__ import annotations
 
@@ -45,9 +46,13 @@ def test_ten_simulated_nodes_warm_and_serve(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, log_path.read_text()
             if "warmfleet up: ready" in log_path.read_text():
                 backends = httpx.get(f"{router}/v1/router/status", headers=auth).json()["backends"]
-                sets = [s for b in backends for s in b["warm_sets"]]
+                sets = [s for b in backends for s in b["warm_sets"] if s["name"] != "learned"]
+                # and `up`'s learning set, empty until the router has learned something
+                learning = [s for b in backends for s in b["warm_sets"] if s["name"] == "learned"]
                 if len(sets) == NODES and all(s["warm"] == s["total"] == 2 for s in sets):
-                    break
+                    assert all(s["total"] == 0 for s in learning), learning
+                    if len(learning) == NODES:
+                        break
             time.sleep(0.5)
         text = log_path.read_text()
         assert "simulated      node-1..4 " in text and "node-9..10" in text, text

@@ -19,6 +19,7 @@ import yaml
 from support.agents import claude_code, codex
 from support.engine import model
 from support.kubeemu import RESOURCES, Emulator
+from warmfleet_cli.local_fleet import learning_set
 from warmfleet_cli.warm_prompts.files import warm_prompt_set
 from warmfleet_common.agent_apis.anthropic import MessagesRequest
 from warmfleet_common.agent_apis.prefix import warm_prompt
@@ -132,6 +133,22 @@ def test_bad_specs_are_rejected_by_the_schema(change: Any, fragment: str) -> Non
     with pytest.raises(jsonschema.ValidationError) as err:
         jsonschema.validate(doc, _jsonschema("WarmPromptSet"))
     assert fragment in str(err.value)
+
+
+def test_a_learning_set_needs_no_prompts_and_its_learn_is_bounded() -> None:
+    """`warmfleet up`'s learning set is valid; its bounds hold (the CEL rules, prompts or
+    learn and one tenant at most, are read by the API server: not evaluated here)."""
+    doc = learning_set("http://127.0.0.1:8000", 3)
+    jsonschema.validate(doc, _jsonschema("WarmPromptSet"))
+    rules = [r["rule"] for r in crds()["WarmPromptSet"]["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]]  # fmt: skip
+    assert "has(self.prompts) || has(self.learn)" in rules
+    bad: dict[str, Any]
+    for bad in ({"maxPrompts": 65}, {"ttl": "soon"}, {"minSessions": 0}, {"router": {}}):
+        wrong = copy.deepcopy(doc)
+        wrong["spec"]["learn"].update(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, _jsonschema("WarmPromptSet"))
 
 
 def captured_set() -> dict[str, Any]:
