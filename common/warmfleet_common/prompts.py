@@ -28,12 +28,11 @@ from jinja2 import TemplateError
 
 from warmfleet_common.pieces import PieceEncoder, shared_length
 from warmfleet_common.role_rules import RoleRules
+from warmfleet_common.verbatim import PROBES as _PROBES
+from warmfleet_common.verbatim import SAMPLE_TOOLS, inserts_verbatim, probe_texts
 
 Message = Mapping[str, Any]
 
-# Contents that start with every kind of character a tokenizer may merge with the text
-# before it (letters, spaces, newlines, digits, punctuation, non-ASCII).
-_PROBES = ("x", "X", " x", "  x", "\tx", "\nx", "\n\nx", "1", "!x", "<x", "éx", "\u4e2dx")
 _MEMO_SIZE = 4096
 # Cuts are looked for at the first messages and the last one: each costs a render of
 # the conversation up to it, so every message would make a long chat quadratic. The
@@ -113,6 +112,9 @@ class PromptBuilder:
         # Every probe rendering repeats the conversation before the probe: its pieces
         # are tokenized once (a 20k-token agent request: 49 whole-text encodes, ~7 s).
         self._pieces = PieceEncoder.of(tokenizer, self._sample_chats())
+        # Whether a message's probes render from one render (`verbatim`), per tools given
+        # and template arguments.
+        self._verbatim: dict[tuple[bool, str], bool] = {}
 
     # -- public API -------------------------------------------------------------
 
@@ -264,6 +266,18 @@ class PromptBuilder:
         except (TypeError, ValueError) as exc:  # the tokenizers library's input errors
             raise PromptError(f"cannot tokenize this text: {exc}") from exc
 
+    def _inserts_verbatim(
+        self, tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any]
+    ) -> bool:
+        key = (bool(tools), json.dumps(template_kwargs, sort_keys=True, default=str))
+        found = self._verbatim.get(key)
+        if found is None:
+            sample = list(SAMPLE_TOOLS) if tools else None
+            found = self._verbatim[key] = inserts_verbatim(
+                lambda m: self._render(m, sample, False, template_kwargs)
+            )
+        return found
+
     def _sample_chats(self) -> list[str]:
         """A chat rendered by the template: what the piece memo is checked on."""
         if not self.has_chat_template:
@@ -348,10 +362,14 @@ class PromptBuilder:
                 return self._content_starts[key]
         cut: tuple[int, bytes] | None = None
         try:
-            texts = [
-                self._render([*head, {"role": role, "content": p}], tools, False, template_kwargs)
-                for p in _PROBES
-            ]
+            texts = None
+            if self._inserts_verbatim(tools, template_kwargs):
+                texts = probe_texts(
+                    lambda m: self._render(m, tools, False, template_kwargs), head, role
+                )
+            if texts is None:
+                chats = [[*head, {"role": role, "content": p}] for p in _PROBES]
+                texts = [self._render(m, tools, False, template_kwargs) for m in chats]
             if self._pieces is not None:  # the shared head tokenized once, not per probe
                 for text in texts:
                     _check_unicode(text)
