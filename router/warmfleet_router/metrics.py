@@ -157,14 +157,14 @@ class RouterMetrics(otel.Metrics):
         )  # fmt: skip
         self._first = counter(
             "warmfleet.router.first_requests", "{request}",
-            "Sessions' first requests with their static head, by the agent its User-Agent "
-            "names (warmfleet.client) and whether the head is a learned warm prompt "
-            "(warmfleet.learned): what a stale warm set shows first",
+            "Sessions' first requests with their static head, by tenant, the agent its "
+            "User-Agent names (warmfleet.client) and whether the head is a learned warm "
+            "prompt (warmfleet.learned): what a stale warm set shows first",
         )  # fmt: skip
         self._first_tokens = counter(
             "warmfleet.router.first_request_tokens", "{token}",
             "Prompt tokens of sessions' first requests (gen_ai.token.type: input) and those "
-            "of them served from a prefix cache (cached), by warmfleet.client and "
+            "of them served from a prefix cache (cached), by tenant, warmfleet.client and "
             "warmfleet.learned: the first-request hit rate",
         )  # fmt: skip
         self._learned: Callable[[], dict[str | None, int]] = dict
@@ -226,15 +226,19 @@ class RouterMetrics(otel.Metrics):
         self._learned = counts
 
     def _observe_learned(self, _: CallbackOptions) -> Iterable[Observation]:
-        summed: dict[str, int] = {}
+        summed: dict[str, int] = {OPEN: 0}  # 0, not no data, before anything is learned
         for tenant, count in self._learned().items():
             label = self._tenant(tenant or OPEN)["warmfleet.tenant"]
             summed[label] = summed.get(label, 0) + count
         return [Observation(n, {"warmfleet.tenant": t}) for t, n in summed.items()]
 
-    def first_request(self, client: str, learned: bool, usage: Usage) -> None:
+    def first_request(self, tenant: str, client: str, learned: bool, usage: Usage) -> None:
         """A session's first request with its static head ended with `usage`."""
-        label = {"warmfleet.client": client, "warmfleet.learned": str(learned).lower()}
+        label = {
+            **self._tenant(tenant),
+            "warmfleet.client": client,
+            "warmfleet.learned": str(learned).lower(),
+        }
         self._first.add(1, label)
         self._first_tokens.add(usage.prompt_tokens, {**label, "gen_ai.token.type": "input"})
         self._first_tokens.add(usage.cached_tokens, {**label, "gen_ai.token.type": "cached"})

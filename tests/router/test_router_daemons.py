@@ -341,7 +341,18 @@ def test_bad_input_gets_the_daemons_error_and_changes_nothing(router: Daemon) ->
     assert all(b["health"] == "ready" for b in status(router)["backends"])
 
 
-def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(router: Daemon) -> None:
+def test_metrics_agree_with_the_decisions_and_cover_the_dashboard(
+    router: Daemon, client: openai.OpenAI
+) -> None:
+    # A session's first request with a system prompt: the series the dashboard's
+    # first-request panel reads (learned warm prompts).
+    seen = len(status(router)["decisions"])
+    first = [SYSTEM, {"role": "user", "content": "Who is paged tonight?"}]
+    ask(client, first, extra_headers={"x-session-affinity": "first-request-1"})
+    for _ in range(50):  # recorded when the response ends, a moment after the client has it
+        if len(status(router)["decisions"]) > seen:
+            break
+        time.sleep(0.05)
     values: dict[str, float] = {}
     exported = set()
     for family in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text):

@@ -28,7 +28,7 @@ def test_dashboard_has_the_variables_and_a_datasource_on_every_query() -> None:
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
-            if panel["title"].startswith("Tenants:"):  # the router's, per tenant
+            if panel["title"].startswith(("Tenants:", "Learned:")):  # the router's, per tenant
                 assert "$tenant" in target["expr"], panel["title"]
             else:
                 assert "$model" in target["expr"] and "$daemon" in target["expr"], panel["title"]
@@ -72,7 +72,8 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
 def test_tenants_have_a_row_of_their_own() -> None:
     panels = dashboard()["panels"]
     (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Tenants"]
-    below = [p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    learned = next(p for p in panels if p["type"] == "row" and p["title"].startswith("Learned"))
+    below = [p for p in panels if row["gridPos"]["y"] < p["gridPos"]["y"] < learned["gridPos"]["y"]]
     assert below and all(p["title"].startswith("Tenants:") for p in below)
     exprs = " ".join(t["expr"] for p in below for t in p["targets"])
     for metric in (
@@ -84,6 +85,19 @@ def test_tenants_have_a_row_of_their_own() -> None:
         assert metric in exprs, metric
     for kind in ("input", "cached"):
         assert f'gen_ai_token_type="{kind}"' in exprs
+
+
+def test_learned_warm_prompts_have_a_row_of_their_own() -> None:
+    """The first-request hit rate per agent, learned or not (a stale warm set is a
+    falling line), and how many prompts the router learned."""
+    panels = dashboard()["panels"]
+    (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Learned warm prompts"]
+    below = [p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    assert below and all(p["title"].startswith("Learned:") for p in below)
+    exprs = " ".join(t["expr"] for p in below for t in p["targets"])
+    assert "warmfleet_router_first_request_tokens_total" in exprs
+    assert "warmfleet_router_learned_prompts" in exprs
+    assert "by (warmfleet_client, warmfleet_learned)" in exprs
 
 
 def test_the_disk_tier_has_a_row_of_its_own() -> None:

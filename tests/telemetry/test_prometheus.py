@@ -122,7 +122,10 @@ def traffic(daemon: Daemon, router: Daemon, seconds: float) -> None:
             "ignore_eos": True,
         }
         via = router if i % 4 < 2 else daemon
-        httpx.post(f"{via.url}/v1/chat/completions", json=body, timeout=60)
+        # A session each: its first request (the router learns the shared system prompt
+        # from three of them: the first-request hit rate, learned and not).
+        session = {"x-session-affinity": f"session-{i}"}
+        httpx.post(f"{via.url}/v1/chat/completions", json=body, headers=session, timeout=60)
         i += 1
 
 
