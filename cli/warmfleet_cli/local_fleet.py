@@ -13,7 +13,9 @@ take `kill I`, `stop I` and `start I` on stdin (`serve --node-control stdin`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import signal
 import socket
 import ssl
@@ -29,6 +31,7 @@ import httpx
 import yaml
 
 from warmfleet_cli.local_ca import CertFiles, make_local_ca
+from warmfleet_common.client_keys import KeysFile
 from warmfleet_common.crd import API_VERSION, FLEET_LABEL, POOL_LABEL
 
 TOKEN_SECRET = "warmfleet-daemon-token"
@@ -128,9 +131,14 @@ class LocalFleet:
             hosts = sorted({"localhost", "127.0.0.1", self.options.host})
             self.certs = make_local_ca(self.folder / "tls", hosts)
         (self.folder / "warm-sets.yaml").write_text(yaml.safe_dump_all(self.warm, sort_keys=False))
-        if self.options.learn_min_sessions and not self.options.api_keys_file:
-            learning = learning_set(self.router_url, self.options.learn_min_sessions)
-            (self.folder / "learned-set.yaml").write_text(yaml.safe_dump(learning, sort_keys=False))
+        if self.options.learn_min_sessions:  # fleet-wide, or one set per tenant
+            keys = self.options.api_keys_file
+            tenants = sorted(KeysFile(keys).current().tenants) if keys else [None]
+            learning = [learning_set(self.router_url, self.options.learn_min_sessions, t)
+                        for t in tenants]  # fmt: skip
+            (self.folder / "learned-set.yaml").write_text(
+                yaml.safe_dump_all(learning, sort_keys=False)
+            )
         self._start_daemons(1, self.options.nodes)
         self._write_nodes(self.options.nodes)
         me = [sys.executable, "-m", "warmfleet_cli"]
@@ -293,15 +301,24 @@ class LocalFleet:
         child.process.stdin.flush()
 
 
-def learning_set(router_url: str, min_sessions: int) -> dict[str, Any]:
-    """The WarmPromptSet the operator fills with the router's fleet-wide learned warm
-    prompts, for every node of the fleet."""
+def learning_set(router_url: str, min_sessions: int, tenant: str | None = None) -> dict[str, Any]:
+    """The WarmPromptSet the operator fills with the router's learned warm prompts, for
+    every node of the fleet: the fleet-wide ones (`learned`), or `tenant`'s, warm for
+    that tenant only (`learned-TENANT`)."""
+    name = "learned"
+    if tenant is not None:
+        slug = re.sub("[^a-z0-9]+", "-", tenant.lower()).strip("-")[:40]
+        suffix = hashlib.blake2b(tenant.encode(), digest_size=3).hexdigest()
+        name = f"learned-{slug}" if slug == tenant else f"learned-{slug}-{suffix}"
+    spec: dict[str, Any] = {"nodeSelector": {"matchLabels": {FLEET_LABEL: "local"}}}
+    if tenant is not None:
+        spec["tenants"] = [tenant]
     return {
         "apiVersion": API_VERSION,
         "kind": "WarmPromptSet",
-        "metadata": {"name": "learned", "namespace": "default"},
+        "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "nodeSelector": {"matchLabels": {FLEET_LABEL: "local"}},
+            **spec,
             "learn": {
                 "router": {
                     "url": router_url,

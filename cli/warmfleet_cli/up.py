@@ -117,7 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="the router learns a warm prompt from a static head K distinct sessions sent, "
         "and the operator's `learned` WarmPromptSet warms it on every node (with "
-        "--api-keys-file, each tenant's stay at the router: GET /v1/router/learned); 0: off",
+        "--api-keys-file, a `learned-TENANT` set per tenant the file names at start, warm for "
+        "that tenant only); 0: off",
     )
     p.add_argument(
         "--log-level",

@@ -140,6 +140,10 @@ def test_a_learning_set_needs_no_prompts_and_its_learn_is_bounded() -> None:
     learn and one tenant at most, are read by the API server: not evaluated here)."""
     doc = learning_set("http://127.0.0.1:8000", 3)
     jsonschema.validate(doc, _jsonschema("WarmPromptSet"))
+    for tenant, name in [("team-a", "learned-team-a"), ("Team_B.x", "learned-team-b-x-")]:
+        own = learning_set("http://127.0.0.1:8000", 3, tenant)
+        jsonschema.validate(own, _jsonschema("WarmPromptSet"))
+        assert own["spec"]["tenants"] == [tenant] and own["metadata"]["name"].startswith(name)
     rules = [r["rule"] for r in crds()["WarmPromptSet"]["spec"]["versions"][0]["schema"][
         "openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]]  # fmt: skip
     assert "has(self.prompts) || has(self.learn)" in rules

@@ -125,6 +125,21 @@ def test_the_window_and_the_ttl() -> None:
     assert len(table) == 0 and table.forgotten == 1
 
 
+def test_an_upgraded_agent_is_learned_again_and_its_old_head_expires() -> None:
+    table = LearnedTable(LearnOptions(min_sessions=3, ttl=100.0))
+    for n in range(3):
+        table.observe(head("Agent v1."), f"old-{n}", None, now=float(n))
+    assert [p["prompt"]["messages"][0]["content"] for p in table.listing(now=10.0)] == ["Agent v1."]
+    for n in range(3):  # the upgrade: a new system prompt, three sessions of it
+        table.observe(head("Agent v2."), f"new-{n}", None, now=50.0 + n)
+    heads = [p["prompt"]["messages"][0]["content"] for p in table.listing(now=60.0)]
+    assert heads == ["Agent v2.", "Agent v1."]
+    table.observe(head("Agent v2."), "new-3", None, now=150.0)  # v1 unused since 2
+    assert [p["prompt"]["messages"][0]["content"] for p in table.listing(now=150.0)] == [
+        "Agent v2."
+    ]
+
+
 def test_bounded_in_count_and_bytes() -> None:
     table = LearnedTable(LearnOptions(min_sessions=1, max_prompts=2, max_candidates=4))
     for n in range(5):
