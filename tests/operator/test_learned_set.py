@@ -4,7 +4,8 @@ and, end to end in local mode, three sessions of an agent whose head was never c
 through a real router make the operator warm it on both tiny-random daemons, so a fourth
 session's first request on the daemon that served none of them reads the head from
 cache; the secret in every session's first user message reaches neither the set nor
-its status."""
+its status. Through kopf (kmock's emulator, which prunes what the CRD does not allow),
+the learned prompt and its status entry land on the WarmPromptSet."""
 
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from support.processes import Daemon
+from support.kubeemu import Cluster, wait_for
+from support.processes import Daemon, serving
 from support.router import AUTH, TOKEN, start_router_for, status, tiny_daemons
 from warmfleet_cli.local_fleet import TOKEN_SECRET, fleet_documents, learning_set
 from warmfleet_operator import learned, reconcile
@@ -185,3 +192,68 @@ def _learn_and_warm(folder: Path, daemons: list[Daemon], router: Daemon) -> None
         operator.send_signal(signal.SIGINT)
         out, _ = operator.communicate(timeout=30)
     assert SECRET not in out
+
+
+def held_set(daemon: Daemon) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(f"{daemon.url}/v1/warm-sets/default/learned").json()
+    return answer
+
+
+def fake_router(listing: list[dict[str, Any]]) -> Starlette:
+    """Answers `GET /v1/router/learned` (with TOKEN only) with `listing`."""
+
+    async def learned_route(request: Request) -> JSONResponse:
+        if request.headers.get("authorization") != f"Bearer {TOKEN}":
+            return JSONResponse({"error": {"message": "no"}}, 401)
+        tenant = request.query_params.get("tenant")
+        want = None if tenant == "-" else tenant
+        data = [i for i in listing if i["tenant"] == want]
+        return JSONResponse({"object": "list", "data": data})
+
+    return Starlette(routes=[Route("/v1/router/learned", learned_route)])
+
+
+@pytest.mark.asyncio
+async def test_kopf_fills_a_learning_set_and_its_status_survives_the_schema(
+    cluster: Cluster, daemons: list[Daemon]
+) -> None:
+    api = "/apis/warmfleet.io/v1alpha1"
+    head = {"name": "opencode-0123456789", "messages": [{"role": "system", "content": AGENT}]}
+    listing = [{**item("opencode-0123456789", 4, 0), "client": "opencode", "prompt": head}]
+    listing[0]["last_seen"] = time.time()
+    with serving(fake_router(listing)) as url:  # type: ignore[arg-type]
+        await cluster.create(
+            "/api/v1/namespaces/default/secrets",
+            {"metadata": {"name": "router-token", "namespace": "default"},
+             "stringData": {"token": TOKEN}},
+        )  # fmt: skip
+        await cluster.create(
+            f"{api}/warmnodes",
+            {"apiVersion": "warmfleet.io/v1alpha1", "kind": "WarmNode",
+             "metadata": {"name": "mac-learn", "labels": {"warmfleet.io/pool": "learn"}},
+             "spec": {"url": daemons[0].url}},
+        )  # fmt: skip
+        learning = learning_set(url, 3)
+        learning["spec"]["nodeSelector"] = {"matchLabels": {"warmfleet.io/pool": "learn"}}
+        learning["spec"]["learn"]["router"]["adminTokenSecretRef"]["name"] = "router-token"
+        await cluster.create(f"{api}/namespaces/default/warmpromptsets", learning)
+
+        async def warm() -> dict[str, Any] | None:
+            obj = await cluster.get(f"{api}/namespaces/default/warmpromptsets/learned")
+            state = (obj or {}).get("status") or {}
+            ok = state.get("learnedPrompts") == 1 and state.get("warmNodes") == "1/1"
+            return dict(state) if ok else None
+
+        state = await wait_for(warm, what="the learned prompt warm")
+    assert state["learned"] == [
+        {
+            "name": "opencode-0123456789",
+            "client": "opencode",
+            "api": "chat",
+            "sessions": 4,
+            "lastSeen": state["learned"][0]["lastSeen"],
+        }
+    ]
+    held = held_set(daemons[0])
+    assert [p["name"] for p in held["prompts"]] == ["opencode-0123456789"]
+    assert held["warm"] == 1
