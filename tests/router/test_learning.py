@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from support.agents import claude_code, codex
 from warmfleet_common.agent_apis.prefix import warm_prompt
 from warmfleet_router.learning import Head, LearnedTable, LearnOptions, head_of
+from warmfleet_router.prepare import Job, Prepared
+from warmfleet_router.workers import KeyingPool
 
 SECRET = "sk-live-SECRET-4f9a1c2e"
 CLAUDE_UA = "claude-cli/2.1.332 (external, sdk-cli)"
@@ -54,6 +58,20 @@ def test_requests_without_a_static_head_have_none() -> None:
     assert head_of("count_tokens", claude_code("x").body) is None
     assert head_of("chat", {"model": "m", "messages": "nope"}) is None
     assert head_of("chat", {"messages": [{"role": "sys"}, {"role": "user"}]}) is None
+
+
+@pytest.mark.asyncio
+async def test_a_key_worker_reads_the_head_and_only_when_asked() -> None:
+    pool = KeyingPool(workers=1, large_bytes=0)  # every body to the worker process
+    try:
+        raw = json.dumps(chat_body("You are terse.", SECRET)).encode()
+        asked = await pool.prepare(Job("chat", raw, learn=True))
+        unasked = await pool.prepare(Job("chat", raw))
+    finally:
+        await pool.close()
+    assert isinstance(asked, Prepared) and isinstance(unasked, Prepared)
+    assert asked.head is not None and asked.head == head_of("chat", json.loads(raw))
+    assert SECRET not in asked.head.entry and unasked.head is None
 
 
 def head(system: str = "You are the release bot.") -> Head:
