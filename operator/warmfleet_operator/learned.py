@@ -10,14 +10,15 @@ first, at most `maxPrompts`; each must be a valid warm prompt (else it is skippe
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from warmfleet_common.contract import WarmPrompt
+from warmfleet_common.contract import PromptState, WarmPrompt
 from warmfleet_common.durations import parse_duration
+from warmfleet_operator.objects import Observation
 
 DEFAULT_MIN_SESSIONS = 3
 DEFAULT_TTL = "7d"
@@ -78,6 +79,23 @@ def select(spec: Mapping[str, Any], listing: Sequence[Any], now: float) -> Learn
     taken.sort(key=lambda t: (-t[0], -t[1], t[3]["name"]))
     chosen = taken[:most]
     return Learned([t[2] for t in chosen], [t[3] for t in chosen])
+
+
+def with_tokens(
+    entries: Sequence[Mapping[str, Any]], observations: Iterable[Observation]
+) -> list[dict[str, Any]]:
+    """Status entries with each prompt's tokens where a node has it warm (the cached
+    tokens a request starting with it gets)."""
+    tokens: dict[str, int] = {}
+    for seen in observations:
+        status = seen.status if seen.reachable else None
+        for prompt in status.prompts if status is not None else []:
+            if prompt.state is PromptState.WARM:
+                tokens[prompt.name] = max(tokens.get(prompt.name, 0), prompt.tokens)
+    return [
+        {**entry, "tokens": tokens[entry["name"]]} if entry["name"] in tokens else dict(entry)
+        for entry in entries
+    ]
 
 
 def _rfc3339(seconds: float) -> str:

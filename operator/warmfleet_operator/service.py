@@ -174,7 +174,8 @@ class Service:
             learning=taken is not None,
         )
         if taken is not None:
-            new_status.update(learnedPrompts=len(taken.prompts), learned=taken.status)
+            entries = learned.with_tokens(taken.status, observations.values())
+            new_status.update(learnedPrompts=len(taken.prompts), learned=entries)
             if learn_error:
                 new_status["learnError"] = learn_error[: reconcile.MAX_ERROR_CHARS]
         failed = {

@@ -183,6 +183,7 @@ def _learn_and_warm(folder: Path, daemons: list[Daemon], router: Daemon) -> None
         held = httpx.get(f"{idle[0]}/v1/warm-sets/default/learned", headers=AUTH, timeout=10)
         [warm] = held.json()["prompts"]
         assert warm["state"] == "warm" and warm["tokens"] > 0
+        assert state["learned"][0]["tokens"] == warm["tokens"]
         fourth = chat(idle[0], "session-3", "what changed since yesterday?", **AUTH)
         cached = fourth["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= 0.9 * warm["tokens"], (cached, warm["tokens"])
@@ -252,8 +253,10 @@ async def test_kopf_fills_a_learning_set_and_its_status_survives_the_schema(
             "api": "chat",
             "sessions": 4,
             "lastSeen": state["learned"][0]["lastSeen"],
+            "tokens": state["learned"][0]["tokens"],
         }
     ]
+    assert state["learned"][0]["tokens"] > 100
     held = held_set(daemons[0])
     assert [p["name"] for p in held["prompts"]] == ["opencode-0123456789"]
     assert held["warm"] == 1
