@@ -327,7 +327,9 @@ def set_status(
         for e in nodes
         if desired is not None and _is_current(observations.get(e["node"]), desired)
     ]
-    warm_nodes = sum(1 for e in current if e["total"] and e["warm"] == e["total"])
+    # A learning set with nothing learned yet is warm where a node holds it as it is.
+    empty = learning and desired is not None and not desired.prompts
+    warm_nodes = sum(1 for e in current if (e["total"] or empty) and e["warm"] == e["total"])
     unreachable = [n.name for n in selected if not _reachable(observations.get(n.name))]
     rejected = [n.name for n in selected if _rejected(observations.get(n.name))]
     refused = [n.name for n in selected if _unauthorized(observations.get(n.name))]
@@ -341,18 +343,16 @@ def set_status(
         ready = ("False", invalid.reason, invalid.message)
         progressing = ("False", invalid.reason, "nothing pushed until the spec is fixed")
         degraded = ("True", invalid.reason, invalid.message)
-    elif learning and desired is not None and not desired.prompts:
-        said = "no prompt learned yet: the router has seen no static head from enough sessions"
-        ready = ("True", "NothingLearned", said)
-        progressing = ("False", "NothingLearned", said)
-        degraded = ("False", "NothingLearned", said)
     elif not selected:
         ready = ("False", "NoNodes", "no WarmNode matches the node selector")
         progressing = ("False", "NoNodes", "no WarmNode matches the node selector")
         degraded = ("False", "NoNodes", "no WarmNode matches the node selector")
     else:
         total = len(selected)
-        if warm_nodes == total:
+        if warm_nodes == total and empty:
+            said = "no prompt learned yet: the router has seen no static head from enough sessions"
+            ready = ("True", "NothingLearned", f"{said} ({total}/{total} nodes hold the set)")
+        elif warm_nodes == total:
             ready = ("True", "AllWarm", f"every prompt is warm on {total}/{total} nodes")
         elif unreachable:
             ready = ("False", "NodesUnreachable", f"unreachable: {', '.join(unreachable)}")

@@ -54,7 +54,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while "Ready=True" not in log_path.read_text():
+        # The example set warm (not `up`'s learning set, ready with nothing learned).
+        while "Ready=True AllWarm" not in log_path.read_text():
             assert up.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.5)
         yield f"https://127.0.0.1:{port}", folder / "fleet"

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,10 @@ from support.kubeemu import Cluster, wait_for
 from support.processes import Daemon, serving
 from support.router import AUTH, TOKEN, start_router_for, status, tiny_daemons
 from warmfleet_cli.local_fleet import TOKEN_SECRET, fleet_documents, learning_set
+from warmfleet_common.contract import WarmSetStatus
+from warmfleet_common.crd import Node
 from warmfleet_operator import learned, reconcile
+from warmfleet_operator.objects import Observation
 
 NOW = 1_800_000_000.0
 SECRET = "ghp_SECRETSECRET0123456789"
@@ -82,14 +86,24 @@ def test_a_set_takes_its_tenants_learned_prompts_from_enough_sessions_used_latel
     assert [p["name"] for p in learned.select(mine, listing, NOW).prompts] == ["cc-most"]
 
 
-def test_a_learning_set_with_nothing_learned_is_ready() -> None:
+def test_a_learning_set_with_nothing_learned_is_ready_once_its_nodes_hold_it() -> None:
     desired = reconcile.resolve({"learn": {}}, "default", 1, {}, learned=[])
-    state = reconcile.set_status(
-        generation=1, selected=[], observations={}, desired=desired, invalid=None,
-        previous=[], now="2026-01-01T00:00:00Z", learning=True,
+    node = Node("mac-1", "http://mac-1:8000")
+    held = WarmSetStatus(
+        namespace="default", name="learned", generation=1, source_hash=desired.source_hash,
+        content_hash="c", concurrency=2, pin=True, prompts=[], warm=0, total=0, updated_at=0.0,
     )  # fmt: skip
-    ready = reconcile.condition(state, "Ready") or {}
-    assert ready["status"] == "True" and ready["reason"] == "NothingLearned"
+
+    def ready(seen: Observation) -> Mapping[str, Any]:
+        state = reconcile.set_status(
+            generation=1, selected=[node], observations={"mac-1": seen}, desired=desired,
+            invalid=None, previous=[], now="2026-01-01T00:00:00Z", learning=True,
+        )  # fmt: skip
+        return reconcile.condition(state, "Ready") or {}
+
+    assert ready(Observation("mac-1", True, held))["reason"] == "NothingLearned"
+    assert ready(Observation("mac-1", True, held))["status"] == "True"
+    assert ready(Observation("mac-1", False, None, "refused"))["reason"] == "NodesUnreachable"
     filled = reconcile.resolve({"learn": {}}, "default", 1, {}, learned=[item("a", 3, 0)["prompt"]])
     assert [p.name for p in filled.prompts] == ["a"]
 
