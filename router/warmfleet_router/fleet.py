@@ -52,7 +52,11 @@ class Fleet:
         self.learned = LearnedTable(options.learn)  # the static heads sessions share
         metrics.observe_learned(self.learned.counts)
         metrics.observe_tenants(self.quotas.in_flight)
-        metrics.observe(lambda: list(self.members.backends.values()), self.index.size)
+        metrics.observe(
+            lambda: list(self.members.backends.values()),
+            self.index.size,
+            self.index.estimated_bytes,
+        )
 
     async def close(self) -> None:
         self.drain.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -185,6 +186,7 @@ class RouterMetrics(otel.Metrics):
         )
         self._backends: Callable[[], Iterable[Backend]] = list
         self._index_size: Callable[[str], int] = lambda _: 0
+        self._index_bytes: Callable[[], int] = lambda: 0
         meter.create_observable_gauge(
             "warmfleet.router.in_flight",
             [self._observe_in_flight],
@@ -202,12 +204,27 @@ class RouterMetrics(otel.Metrics):
             unit="{block}",
             description="Cache blocks the index knows per backend",
         )
+        meter.create_observable_gauge(
+            "warmfleet.router.index.memory",
+            [lambda _: [Observation(self._index_bytes())]],
+            unit="By",
+            description="The index's bytes as its budget counts them (entries x ENTRY_BYTES)",
+        )
+        meter.create_observable_gauge(
+            "process.memory.usage",
+            [_process_memory],
+            unit="By",
+            description="Resident memory of the router process (Linux; none reported elsewhere)",
+        )
 
     def observe(
-        self, backends: Callable[[], Iterable[Backend]], index_size: Callable[[str], int]
+        self,
+        backends: Callable[[], Iterable[Backend]],
+        index_size: Callable[[str], int],
+        index_bytes: Callable[[], int] = lambda: 0,
     ) -> None:
         """Where the gauges read the fleet from."""
-        self._backends, self._index_size = backends, index_size
+        self._backends, self._index_size, self._index_bytes = backends, index_size, index_bytes
 
     def observe_tenants(self, in_flight: Callable[[], dict[str, int]]) -> None:
         self._tenants_in_flight = in_flight
@@ -367,6 +384,15 @@ def _process_cpu(_: CallbackOptions) -> Iterable[Observation]:
     ended = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime + _live_children_cpu()
     return [Observation(total)]
+
+
+def _process_memory(_: CallbackOptions) -> Iterable[Observation]:
+    """The router's resident set size, from /proc/self/statm (none where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return []
+    return [Observation(pages * os.sysconf("SC_PAGE_SIZE"))]
 
 
 def _live_children_cpu() -> float:

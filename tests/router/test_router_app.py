@@ -141,6 +141,19 @@ def test_the_routers_cpu_per_request_is_a_metric(router: str) -> None:
     assert "process_cpu_time_seconds_total" in samples
 
 
+def test_the_routers_memory_and_its_indexs_bytes_are_metrics(router: str) -> None:
+    assert ask(router, "remember me").status_code == 200
+    text = httpx.get(f"{router}/metrics", timeout=10).text
+    values = {
+        line.split(" ")[0].split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("warmfleet_router_index_memory", "process_memory_usage"))
+    }
+    index = status(router, **AUTH).json()["index"]["estimated_bytes"]
+    assert index > 0 and values["warmfleet_router_index_memory_bytes"] == index
+    assert values["process_memory_usage_bytes"] > 20 << 20  # a Python process's RSS
+
+
 def test_the_routers_decision_time_is_a_histogram(router: str) -> None:
     assert ask(router, "time me").status_code == 200
     text = httpx.get(f"{router}/metrics", timeout=10).text
