@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from warmfleet_common.chunking import BlockKey
-from warmfleet_common.tiers import FASTEST, NO_TOKENS, TIERS, Tier, TierTokens
+from warmfleet_common.tiers import FASTEST, NO_TOKENS, OTHER_TIER, TIERS, Tier, TierTokens
 from warmfleet_router.keys import RequestBlocks
 
 DEFAULT_HISTORY_BLOCKS = 200_000
@@ -55,7 +55,9 @@ ENTRY_BYTES = 288
 # A precise entry's value: bit 0 the logits flag, then one bit per tier holding it, in
 # TIERS order (so the lowest tier bit set is the fastest tier).
 _LOGITS = 1
-_TIER_BIT: dict[Tier, int] = {t: 2 << i for i, t in enumerate(TIERS)}
+# Every tier a daemon's registry adds beyond the built-in ones is kept as OTHER_TIER, the
+# slowest (`sync_reads.indexed_tier`): predicted as `other`, as the served tokens are labelled.
+_TIER_BIT: dict[Tier, int] = {t: 2 << i for i, t in enumerate((*TIERS, OTHER_TIER))}
 _ANY_TIER = sum(_TIER_BIT.values())
 
 # One snapshot entry: key, logits, and the tiers holding it (RAM when left out).
@@ -317,7 +319,7 @@ class BlockIndex:
         for key, end in zip(blocks.keys[:run], blocks.ends[:run], strict=True):
             bits = precise[key]
             tier: Tier = next(t for t, bit in _TIER_BIT.items() if bits & bit)  # fastest
-            tokens[tier] += end - start
+            tokens[tier] = tokens.get(tier, 0) + end - start
             start = end
         return TierTokens(tokens)
 
@@ -496,7 +498,7 @@ class Walk:
                 entry = entries[keys[at]]
                 tier = next(t for t, tier_bit in _TIER_BIT.items() if entry & tier_bit)
                 size = ends[at] - (ends[at - 1] if at else 0)
-                tokens[tier] += size
+                tokens[tier] = tokens.get(tier, 0) + size
                 tokens[FASTEST] -= size
         return TierTokens(tokens)
 

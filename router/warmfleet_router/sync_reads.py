@@ -13,7 +13,7 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from warmfleet_common import bounded
-from warmfleet_common.tiers import TIERS, Tier
+from warmfleet_common.tiers import OTHER_TIER, TIERS, Tier
 from warmfleet_common.wire import SnapshotBlock
 
 
@@ -78,10 +78,8 @@ def holders(block: SnapshotBlock) -> set[Tier]:
 
 def indexed_tier(tier: Tier) -> Tier:
     """The tier the index keeps a block of `tier` in: its own for a built-in tier; for a
-    tier a daemon's registry added, which the index has no bit for, the slowest built-in
-    one, the peer's. That is what the router makes of a tier it does not know: a tier
-    beyond RAM (not a RAM hit for the faster-tier scorer) whose hit the time-saved score
-    counts as saving nothing (a daemon prices no peer tier: a copy's cost is its link's).
-    No daemon reports blocks in the peer tier (a peer's blocks are in the peer's own
-    events), so they mix with none."""
-    return tier if tier in TIERS else TIERS[-1]
+    tier a daemon's registry added, `OTHER_TIER` (one bit for every such tier, the
+    slowest): a tier beyond RAM (not a RAM hit for the faster-tier scorer) whose hit the
+    time-saved score counts as saving nothing (the index keeps no name to price it by),
+    predicted as `other`, as the router labels such served tokens."""
+    return tier if tier in TIERS else OTHER_TIER
