@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from warmfleet_cli import local_fleet
 from warmfleet_cli.local_fleet import FleetOptions, LocalFleet
 from warmfleet_cli.sim import trace as traces
 from warmfleet_cli.sim.bodies import BodyOptions, SessionBodies
@@ -87,6 +88,10 @@ def main() -> None:
     p.add_argument("--sim-speed", type=float, default=20.0)
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--peer-checkout", help="a second fleet's code (another checkout)")
+    p.add_argument(
+        "--learn-min-sessions", type=int, default=0,
+        help="the router's learning (0: off, as routers before it had none; up's default 3)",
+    )  # fmt: skip
     args = p.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     header, records = make_trace(args.sessions)
@@ -134,10 +139,12 @@ def one(
                 nodes=nodes, engine="sim", profile=PROFILE, sim_speed=args.sim_speed,
                 port=args.port, log_level="warning", output_to_stderr=True,
                 max_context=int(header["params"]["context_tokens"]),
+                learn_min_sessions=args.learn_min_sessions,
             )  # fmt: skip
             warm = [warm_prompt_set(captured_prompts(header, records), {FLEET_LABEL: "local"})]
             fleet = LocalFleet(options, Path(folder) / "fleet", secrets.token_urlsafe(16), warm)
-            fleet.start()
+            with older_router(checkout is not None and not args.learn_min_sessions):
+                fleet.start()
             try:
                 return measure(args, fleet, nodes, header, records)
             finally:
@@ -147,6 +154,26 @@ def one(
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = env_path
+
+
+@contextlib.contextmanager
+def older_router(older: bool) -> Iterator[None]:
+    """A router from before learning takes no --learn-min-sessions: with learning off,
+    leave the flag out of the command that starts it."""
+    spawn = local_fleet._spawn
+    if older:
+
+        def without_learning(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+            if "--learn-min-sessions" in cmd:
+                at = cmd.index("--learn-min-sessions")
+                cmd = cmd[:at] + cmd[at + 2 :]
+            return spawn(cmd, *args, **kwargs)
+
+        local_fleet._spawn = without_learning
+    try:
+        yield
+    finally:
+        local_fleet._spawn = spawn
 
 
 def measure(

@@ -73,6 +73,7 @@ class Planner:
         self._turn = 0
         self._learn = options.learn.on
         self._fleet_view: FleetView | None = None
+        self._in_flight = 0  # on every backend: the mean bounded load takes over a sample
         self._fleet_view_key: tuple[int, ...] = ()
 
     def next_turn(self) -> int:
@@ -140,6 +141,9 @@ class Planner:
             affinity=affinity,
             session_backend=session_backend,
             turn=turn,
+            fleet_load=(self._in_flight, len(admitted[0]))
+            if len(backends) < len(admitted[0])
+            else None,
         )
         decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
@@ -188,6 +192,7 @@ class Planner:
 
     def started(self, plan: Plan, backend: Backend, reason: Reason) -> None:
         backend.in_flight += 1
+        self._in_flight += 1
         backend.requests += 1
         plan.flights[backend.name] = self.index.take_off(
             backend.name, plan.blocks.get(backend.name, EMPTY)
@@ -210,6 +215,8 @@ class Planner:
         first_byte: float | None,
     ) -> None:
         """A request left `backend` (any outcome): counters, index history, sessions."""
+        if backend.in_flight > 0:
+            self._in_flight -= 1
         backend.in_flight = max(0, backend.in_flight - 1)
         flight = plan.flights.get(backend.name)
         if flight is not None:

@@ -111,3 +111,14 @@ def test_the_view_follows_a_backend_going_down() -> None:
     assert Backend.revision == after
     view = fleet_view(backends, index, {b.name: "f" for b in backends})
     assert [b.name for b in view.admitted(None)[0]] == ["node-0", "node-2"]
+
+
+def test_a_sample_is_bounded_by_the_fleets_mean_load() -> None:
+    from warmfleet_router.policy import Candidate, eligible
+
+    sample = [Candidate("a", 3), Candidate("b", 1), Candidate("c", 2)]
+    # Its own mean (2) lets b and c take one more; the fleet's (150 on 100 backends) only b.
+    assert [c.name for c in eligible(sample, 0.25)] == ["b", "c"]
+    assert [c.name for c in eligible(sample, 0.25, (150, 100))] == ["b"]
+    # None of the sample fits the fleet's bound: its least loaded, never nothing.
+    assert [c.name for c in eligible(sample, 0.0, (0, 100))] == ["b"]

@@ -63,13 +63,24 @@ def capacity(total_in_flight: int, backends: int, epsilon: float) -> int:
     return math.ceil((1 + epsilon) * (total_in_flight + 1) / backends)
 
 
-def eligible(candidates: Sequence[Candidate], epsilon: float) -> list[Candidate]:
+def eligible(
+    candidates: Sequence[Candidate], epsilon: float, fleet_load: tuple[int, int] | None = None
+) -> list[Candidate]:
     """Candidates that stay within the bound with one more request (never empty when
-    `candidates` is not: the least loaded always fits)."""
+    `candidates` is not: the least loaded always fits). The mean is the candidates', or
+    the fleet's when they are a sample of it (`fleet_load`: requests in flight, backends);
+    then, if none of the sample fits, its least loaded."""
     if not candidates:
         return []
-    cap = capacity(sum(c.in_flight for c in candidates), len(candidates), epsilon)
-    return [c for c in candidates if c.in_flight + 1 <= cap]
+    if fleet_load is None:
+        cap = capacity(sum(c.in_flight for c in candidates), len(candidates), epsilon)
+    else:
+        cap = capacity(fleet_load[0], max(1, fleet_load[1]), epsilon)
+    fits = [c for c in candidates if c.in_flight + 1 <= cap]
+    if fits:
+        return fits
+    least = min(c.in_flight for c in candidates)
+    return [c for c in candidates if c.in_flight == least]
 
 
 class BoundedLoad:
@@ -82,7 +93,7 @@ class BoundedLoad:
         self.epsilon = epsilon
 
     def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
-        return eligible(candidates, self.epsilon)
+        return eligible(candidates, self.epsilon, request.fleet_load)
 
 
 class SessionPin:

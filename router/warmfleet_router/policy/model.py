@@ -47,6 +47,9 @@ class RoutingRequest:
     turn: int = 0  # requests routed so far (round-robin)
     # Every backend known, whatever its state: lets a filter say why nothing is left.
     fleet: Sequence[Candidate] = ()
+    # When the candidates are a sample of the admitted backends (`shortlist`): requests in
+    # flight on the fleet and its backends, the mean bounded load is taken over.
+    fleet_load: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
