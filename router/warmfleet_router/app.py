@@ -390,6 +390,10 @@ def create_app(
             return error_response(400, f"not a tenant name: {tenant[:64]!r}", "invalid_tenant")
         table = fleet().learned
         data = table.listing(None if tenant == OPEN else tenant, every=tenant is None)
+        backends = list(fleet().members.backends.values())
+        for item in data:  # its tokens where a warm set holds it (None: nowhere yet)
+            item["tokens"] = max((b.warm_tokens.get(item["name"], 0) for b in backends),
+                                 default=0) or None  # fmt: skip
         return JSONResponse(
             {
                 "object": "list",

@@ -53,6 +53,8 @@ class Backend:
     # Its longest pinned fleet-wide warm prompt, in tokens: how far into a salted request
     # the router keeps unsalted keys (`keys.Salt`).
     shared_tokens: int = 0
+    # Its warm prompts' tokens by name (a learned prompt's, once a set warms it there).
+    warm_tokens: dict[str, int] = field(default_factory=dict)
     requests: int = 0
     failures: int = 0
     last_error: str = ""

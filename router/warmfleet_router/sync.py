@@ -390,6 +390,7 @@ class BackendSync:
         shared = [p for s in sets if s.pin and s.tenants is None for p in s.prompts]
         self._index.set_shared(backend.name, (bytes.fromhex(k) for p in shared for k in p.blocks))
         backend.shared_tokens = max((p.tokens for p in shared), default=0)
+        backend.warm_tokens = {p.name: p.tokens for s in sets for p in s.prompts if p.tokens}
 
     # -- cache events ---------------------------------------------------------------
 

@@ -198,6 +198,12 @@ def _learn_and_warm(folder: Path, daemons: list[Daemon], router: Daemon) -> None
         [warm] = held.json()["prompts"]
         assert warm["state"] == "warm" and warm["tokens"] > 0
         assert state["learned"][0]["tokens"] == warm["tokens"]
+
+        def router_knows_tokens() -> bool:  # read from the daemons' warm sets
+            answer = httpx.get(f"{router.url}/v1/router/learned", headers=AUTH, timeout=10)
+            return bool(answer.json()["data"][0]["tokens"] == warm["tokens"])
+
+        wait(router_knows_tokens, timeout=60)
         fourth = chat(idle[0], "session-3", "what changed since yesterday?", **AUTH)
         cached = fourth["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= 0.9 * warm["tokens"], (cached, warm["tokens"])

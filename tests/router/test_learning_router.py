@@ -107,6 +107,7 @@ def test_three_sessions_learn_the_head_and_no_secret_is_kept(
     assert prompt["client"] == "claude-code" and prompt["name"].startswith("claude-code-")
     assert prompt["sessions"] == 3 and prompt["first_seen"] <= prompt["last_seen"]
     assert prompt["first_requests"] == 0 and prompt["first_request_hit_rate"] is None
+    assert prompt["tokens"] is None  # no daemon holds it warm (nothing warms it here)
     captured = warm_prompt("anthropic", claude_code().body, prompt["name"])  # as capture keeps it
     assert prompt["prompt"] == captured.model_dump(mode="json", exclude_none=True)
     assert "x-anthropic-billing-header" not in prompt["prompt"]["anthropic"]["system"]
