@@ -86,6 +86,8 @@ LABELS = {
     "warmfleet_outcome",
     "warmfleet_index_mode",
     "warmfleet_tenant",
+    "warmfleet_client",
+    "warmfleet_learned",
     "warmfleet_quota_limit",
     "gen_ai_token_type",
 }
