@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
 import statistics
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def main() -> None:
         help="the router's learning (0: off, as routers before it had none; up's default 3)",
     )  # fmt: skip
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, stop)  # a kill stops the fleet too (its finally blocks)
     sizes = [int(n) for n in args.nodes.split(",")]
     header, records = make_trace(args.sessions)
     codes = [("this", None)] + ([("peer", Path(args.peer_checkout))] if args.peer_checkout else [])
@@ -110,6 +112,10 @@ def main() -> None:
         print(f"{nodes:4d} nodes, {label}:")
         for line in table(runs):
             print("    " + line)
+
+
+def stop(signum: int, _: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def make_trace(sessions: int) -> tuple[dict[str, Any], list[traces.Record]]:
