@@ -288,6 +288,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="no WarmPromptSet (default: the agents' heads at the day's start, captured)",
     )
+    p.add_argument(
+        "--learn-min-sessions",
+        type=int,
+        default=3,
+        metavar="K",
+        help="the router learns a head from K sessions and the operator warms it everywhere "
+        "(3, as warmfleet up; 0: off)",
+    )
     p.add_argument("--sim-speed", type=float, metavar="X", help="default: the trace's compression")
     p.add_argument("--sim-per-process", type=int, default=50, metavar="N", help="(50)")
     p.add_argument("--host", default="127.0.0.1")
@@ -318,6 +326,9 @@ def run_run(args: argparse.Namespace) -> int:
     if args.nodes < 1 or (args.sessions is not None and args.sessions < 1):
         print("warmfleet sim run: --nodes >= 1, --sessions >= 1", file=sys.stderr)
         return 2
+    if args.learn_min_sessions < 0:
+        print("warmfleet sim run: --learn-min-sessions must be >= 0", file=sys.stderr)
+        return 2
     if (args.sim_speed is not None and args.sim_speed <= 0) or args.sample_every <= 0:
         print("warmfleet sim run: --sim-speed and --sample-every must be > 0", file=sys.stderr)
         return 2
@@ -340,6 +351,7 @@ def run_run(args: argparse.Namespace) -> int:
         report=args.report,
         max_num_seqs=args.max_num_seqs,
         disk_tier=args.disk_tier,
+        learn_min_sessions=args.learn_min_sessions,
     )
     try:
         meta = run_trace_on_fleet(options, main_say)

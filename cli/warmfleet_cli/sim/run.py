@@ -67,6 +67,7 @@ class RunOptions:
     report: bool = True
     max_num_seqs: int | None = None  # each node's (the serve default otherwise)
     disk_tier: bool = False  # each node keeps its disk tier and snapshots in DIR/state
+    learn_min_sessions: int = 3  # the router learns heads (warmfleet up's default; 0: off)
 
 
 class RunError(RuntimeError):
@@ -105,6 +106,7 @@ def run(options: RunOptions, say: Callable[[str], None]) -> dict[str, Any]:
         output_to_stderr=True,  # stdout is the run's summary
         max_num_seqs=options.max_num_seqs,
         state_dir=str(options.out / "state") if options.disk_tier else None,
+        learn_min_sessions=options.learn_min_sessions,
     )
     problem = fleet_options.problem()
     if problem:
@@ -124,6 +126,7 @@ def run(options: RunOptions, say: Callable[[str], None]) -> dict[str, Any]:
         "cpu": cpu_model(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "disk_tier": options.disk_tier,
+        "learn_min_sessions": options.learn_min_sessions,
         "label": label,
         "sessions": options.sessions,
     }
