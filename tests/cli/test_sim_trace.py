@@ -267,3 +267,20 @@ def test_a_request_log_in_the_audit_format_reads_as_records(tmp_path: Path) -> N
     assert logged_request(by_line[3]).path == "/v1/completions"
     assert by_line[4]["body"]["prompt"] == "a bare prompt"
     assert "t" not in by_line[5]["body"]
+
+
+def test_an_event_outside_the_day_is_refused_and_a_default_one_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "t.jsonl"
+    day = ["sim", "trace", "--developers", "3", "--out", str(out), "--start", "11:00"]
+    assert main([*day, "--end", "13:00", "--node-lost", "10:30"]) == 2
+    assert "the node lost at 10:30 is outside the working day (11:00-13:00)" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
+    # Not asked for: the defaults (10:30, 12:00, 14:00, 16:00) that fall within 11-13 only.
+    assert main([*day, "--end", "13:00"]) == 0
+    _, records = read(out)
+    assert [r["event"] for r in records if "event" in r] == ["agent-upgrade"]
+    assert all(r["t"] >= 0 for r in records)

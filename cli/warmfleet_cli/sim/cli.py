@@ -46,6 +46,11 @@ def _timed(value: str, default: int) -> tuple[float, int] | None:
         raise argparse.ArgumentTypeError(f"{value!r}: expected HH:MM[/N] or none") from None
 
 
+# An event option not given (None is its "none"); not a str, which argparse would parse.
+_UNSET: Any = object()
+UPGRADE = ("claude-code", 12.0)
+
+
 def _upgrade(value: str) -> tuple[str, float] | None:
     if value == "none":
         return None
@@ -113,28 +118,28 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="AGENT@HH:MM",
         help="an agent's upgrade: new sessions from then on use its next version "
-        "(claude-code@12:00; repeat for more; none: no upgrade)",
+        "(claude-code@12:00 if within the day; repeat for more; none: no upgrade)",
     )
     p.add_argument(
         "--node-lost",
         type=lambda v: _timed(v, 0),
-        default=(10.5, 0),
+        default=_UNSET,
         metavar="HH:MM[/NODE]",
-        help="a node leaves the fleet (10:30/0; none)",
+        help="a node leaves the fleet (10:30/0 if within the day; none)",
     )
     p.add_argument(
         "--nodes-added",
         type=lambda v: _timed(v, 2),
-        default=(14.0, 2),
+        default=_UNSET,
         metavar="HH:MM[/COUNT]",
-        help="nodes join the fleet (14:00/2; none)",
+        help="nodes join the fleet (14:00/2 if within the day; none)",
     )
     p.add_argument(
         "--rolling-restart",
         type=lambda v: None if v == "none" else hour(v),
-        default=16.0,
+        default=_UNSET,
         metavar="HH:MM",
-        help="every node restarts, one after another (16:00; none)",
+        help="every node restarts, one after another (16:00 if within the day; none)",
     )
 
 
@@ -143,7 +148,13 @@ def run_trace(args: argparse.Namespace) -> int:
 
     from warmfleet_cli.sim.trace import TraceParams, dump, generate, write
 
-    upgrades = args.upgrade if args.upgrade is not None else [("claude-code", 12.0)]
+    def default(given: Any, value: Any, at: float) -> Any:
+        """An event not asked for: its default, where that falls within the day."""
+        if given is not _UNSET:
+            return given
+        return value if args.start <= at < args.end else None
+
+    upgrades = args.upgrade if args.upgrade is not None else [default(_UNSET, UPGRADE, 12.0)]
     params = TraceParams(
         developers=args.developers,
         seed=args.seed,
@@ -154,9 +165,9 @@ def run_trace(args: argparse.Namespace) -> int:
         claude_memory=args.claude_memory,
         date=args.date,
         upgrades=tuple(u for u in upgrades if u is not None),
-        node_lost=args.node_lost,
-        nodes_added=args.nodes_added,
-        rolling_restart=args.rolling_restart,
+        node_lost=default(args.node_lost, (10.5, 0), 10.5),
+        nodes_added=default(args.nodes_added, (14.0, 2), 14.0),
+        rolling_restart=default(args.rolling_restart, 16.0, 16.0),
     )
     for name in ("claude_share", "sessions_per_day", "compact_at"):
         if getattr(args, name) is not None:
@@ -176,10 +187,11 @@ def run_trace(args: argparse.Namespace) -> int:
             return 2
     s = trace.header["summary"]
     where = "" if args.out == "-" else f" -> {args.out}"
+    events = len(trace.records) - s["requests"]
     print(
         f"{s['requests']:,} requests in {s['sessions']:,} sessions of {s['developers']} "
         f"developers ({s['compactions']} compactions) over {s['duration_s']:,.0f} s, "
-        f"{len(trace.records) - s['requests']} events{where}",
+        f"{events} event{'' if events == 1 else 's'}{where}",
         file=sys.stderr,
     )
     return 0
@@ -431,6 +443,7 @@ def run_plan(args: argparse.Namespace) -> int:
     trace = TraceParams(
         developers=args.developers, seed=args.seed, day_start=args.start, day_end=args.end,
         compress=args.compress, context_tokens=args.context_tokens,
+        upgrades=(), node_lost=None, nodes_added=None, rolling_restart=None,  # busy hours only
     )  # fmt: skip
     for name in ("claude_share", "sessions_per_day"):
         if getattr(args, name) is not None:

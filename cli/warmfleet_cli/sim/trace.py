@@ -102,8 +102,30 @@ class TraceParams:
         for agent, _ in self.upgrades:
             if agent not in pop.AGENTS:
                 raise ValueError(f"no agent {agent!r} to upgrade (claude-code, codex)")
+        for name, hour in self.event_hours():
+            if not self.day_start <= hour < self.day_end:
+                raise ValueError(
+                    f"{name} at {_clock(hour)} is outside the working day "
+                    f"({_clock(self.day_start)}-{_clock(self.day_end)})"
+                )
         if self.ttft_s < 0 or self.decode_tokens_per_s <= 0:
             raise ValueError("ttft_s must be >= 0 and decode_tokens_per_s > 0")
+
+    def event_hours(self) -> list[tuple[str, float]]:
+        """Each fleet event's name and hour of the day."""
+        named = [(f"the {agent} upgrade", hour) for agent, hour in self.upgrades]
+        if self.node_lost is not None:
+            named.append(("the node lost", self.node_lost[0]))
+        if self.nodes_added is not None:
+            named.append(("the nodes added", self.nodes_added[0]))
+        if self.rolling_restart is not None:
+            named.append(("the rolling restart", self.rolling_restart))
+        return named
+
+
+def _clock(hour: float) -> str:
+    minutes = round(hour * 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 @dataclass
