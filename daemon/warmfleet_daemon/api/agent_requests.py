@@ -17,6 +17,7 @@ from warmfleet_daemon.api import generation as gen
 from warmfleet_daemon.api.constraints import OutputRules, output_constraints
 from warmfleet_daemon.api.errors import APIError
 from warmfleet_daemon.api.output import Splitter, ThinkingMarkers, thinking_markers
+from warmfleet_daemon.api.tenants import current_tenant
 from warmfleet_daemon.engine.requests import Event, GenerationRequest
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.runtime.assembly import Ready
@@ -107,6 +108,7 @@ async def agent_request(
         sampling,
         operation=operation,
         user=user,
+        tenant=current_tenant(),
         prefill_only=max_tokens == 0,
     )
     return AgentRequest(

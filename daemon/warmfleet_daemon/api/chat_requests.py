@@ -27,6 +27,7 @@ from warmfleet_daemon.api.schemas import (
     PromptTokensDetails,
     UsageInfo,
 )
+from warmfleet_daemon.api.tenants import current_tenant
 from warmfleet_daemon.engine.requests import Event, GenerationRequest, Usage
 from warmfleet_daemon.engine.sampling import SamplingParams
 from warmfleet_daemon.runtime.assembly import Ready
@@ -144,7 +145,9 @@ def _request(
         **_processing(ready, body),
         grammar=grammar,
     )
-    return GenerationRequest(prompt, sampling, operation=operation, user=body.user)
+    return GenerationRequest(
+        prompt, sampling, operation=operation, user=body.user, tenant=current_tenant()
+    )
 
 
 def _processing(ready: Ready, body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:

@@ -11,11 +11,16 @@ token (prompts arriving meanwhile wait for its remaining chunks: the price of th
 
 Age is counted in picks (chunks prefilled for others), not seconds: it measures the
 work done ahead of a prompt, and keeps the order exact and testable.
+
+Between tenants (a daemon with client keys), that order applies within each tenant: the
+next chunk goes to the tenant served longest ago (`next_tenant`), so a tenant's burst of
+long prompts, however aged, takes turns chunk by chunk with another tenant's prompt
+instead of running ahead of it. One tenant (an open daemon) orders as above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # 16, not 4: under overload, 4 made short prompts' median TTFT 13x that without aging,
@@ -42,3 +47,10 @@ def pick(candidates: Sequence[Candidate], block_size: int, aging_picks: int = AG
     return min(
         range(len(candidates)), key=lambda i: priority(candidates[i], block_size, aging_picks)
     )
+
+
+def next_tenant(present: Iterable[str | None], last_served: Mapping[str | None, int]) -> str | None:
+    """Of the tenants with a prompt ready (`present`, in the arrival order of their
+    earliest), the one whose last chunk was longest ago (`last_served`: the pick number;
+    a tenant not in it was not served since it arrived, and goes first)."""
+    return min(present, key=lambda t: last_served.get(t, -1))

@@ -82,6 +82,9 @@ class GenerationRequest:
     # checked it may be asked): what RAM and disk lack is copied from it if faster.
     peer: str | None = None
     peer_grant: str | None = None  # the router's grant to read the peer's blocks
+    # Whose request it is (client keys; None: an open daemon's, and warm-ups): prefill
+    # chunks take turns between tenants.
+    tenant: str | None = None
 
     @property
     def group_key(self) -> str:

@@ -5,9 +5,10 @@ At most `max_num_seqs` sequences prefill or decode at once; the others wait in a
 order, except that the choices of one request (OpenAI `n`) hold at most half of the
 slots: a large `n` cannot keep every other request waiting until one of its choices
 ends, and its remaining choices start as its earlier ones finish. The next prefill
-chunk goes to the prompt with the fewest tokens left, aged by its wait
-(`prefill_order`). The decoding sequences belong to the decoder (their KV rows mirror
-its list); the scheduler counts them as holding slots.
+chunk goes to the tenant served longest ago, and of its prompts to the one with the
+fewest tokens left, aged by its wait (`prefill_order`). The decoding sequences belong
+to the decoder (their KV rows mirror its list); the scheduler counts them as holding
+slots.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Scheduler:
         self.requests_total = 0
         self._cancelled: set[str] = set()
         self._arrivals = itertools.count()
+        self._picks = itertools.count()
+        # The pick number of each tenant's last prefill chunk (tenants in prefill only).
+        self._tenant_served: dict[str | None, int] = {}
 
     # -- from any thread ------------------------------------------------------------
 
@@ -150,6 +154,10 @@ class Scheduler:
         ]
         if not eligible:
             return None
+        tenants = dict.fromkeys(s.request.tenant for s in sorted(eligible, key=lambda s: s.arrival))
+        if len(tenants) > 1:
+            turn = prefill_order.next_tenant(tenants, self._tenant_served)
+            eligible = [s for s in eligible if s.request.tenant == turn]
         candidates = [
             prefill_order.Candidate(s.remaining_prefill, s.skipped, s.arrival) for s in eligible
         ]
@@ -160,6 +168,10 @@ class Scheduler:
         for seq in self.prefilling:
             if seq is not choice:
                 seq.skipped += 1
+        self._tenant_served[choice.request.tenant] = next(self._picks)
+        present = {s.request.tenant for s in self.prefilling}
+        for gone in [t for t in self._tenant_served if t not in present]:
+            del self._tenant_served[gone]  # back later: not served since it arrived
         return choice
 
     def forget(self, seq: SequenceState) -> None:

@@ -19,7 +19,7 @@ from support.engine import model
 from support.processes import serving
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.engine.core import Engine
-from warmfleet_daemon.engine.requests import EngineConfig
+from warmfleet_daemon.engine.requests import EngineConfig, GenerationRequest
 from warmfleet_daemon.settings import DaemonSettings
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-fedcba9876543210"}
@@ -153,3 +153,31 @@ def test_an_open_daemon_keeps_salted_requests_apart(tmp_path: Path) -> None:
 
         assert cached() == 0 and cached() > 100
         assert cached(cache_salt="mine") == 0 and cached(cache_salt="mine") > 100
+
+
+def test_the_engine_is_told_each_requests_tenant(tmp_path: Path) -> None:
+    """Its prefill scheduler takes turns between tenants (`prefill_order.next_tenant`):
+    the chat route and the agent APIs' routes name the key's tenant on the request."""
+    path = tmp_path / "api-keys"
+    path.write_text("".join(f"{t} {k}\n" for t, k in KEYS.items()))
+    engine = Engine(model("tiny-random"), EngineConfig(block_size=32, cache_budget_bytes=64 << 20))
+    seen: list[str | None] = []
+    submit = engine.submit
+
+    def spy(request: GenerationRequest, sink: Any, *, clears_seen: int | None = None) -> None:
+        if not request.idle:  # a next turn's prefill runs only when nothing else does
+            seen.append(request.tenant)
+        submit(request, sink, clears_seen=clears_seen)
+
+    engine.submit = spy  # type: ignore[method-assign]
+    settings = DaemonSettings(model="tiny-random", api_keys_file=str(path), admin_token=ADMIN)
+    with serving(create_app(settings, engine=engine)) as base:
+        ask(base, "team-a", [{"role": "user", "content": "hi"}])
+        answer = httpx.post(
+            f"{base}/v1/messages",
+            headers={"x-api-key": KEYS["team-b"], "anthropic-version": "2023-06-01"},
+            json={"model": "tiny-random", "max_tokens": 4, "messages": [
+                {"role": "user", "content": "hi"}]},
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+    assert seen[-2:] == ["team-a", "team-b"]

@@ -7,7 +7,8 @@ import random
 
 from support.engine import greedy, request
 from warmfleet_daemon.engine import prefill_order
-from warmfleet_daemon.engine.requests import Event
+from warmfleet_daemon.engine.core import Engine
+from warmfleet_daemon.engine.requests import EngineConfig, Event
 
 VOCAB = (100, 49000)
 
@@ -42,3 +43,32 @@ def test_a_long_prompt_gets_its_first_token_under_a_stream_of_short_ones(tiny, m
     assert first_token_step is not None
     assert first_token_step <= bound
     assert short_done == steps // 2  # and every short prompt was served too
+
+
+def test_another_tenants_short_prompt_takes_the_next_chunk_after_an_aged_burst(tiny):
+    """Tenant `burst` has three long prompts aged past a short prompt's size (with one
+    block of age a pick, aging alone runs them to the end first); tenant `steady`'s short prompt,
+    arriving then, is prefilled in the next step, where the same prompt from `burst`
+    itself waits for the aged ones."""
+    rng = random.Random(11)
+    block = 16
+    longs = [[rng.randrange(*VOCAB) for _ in range(40 * block)] for _ in range(3)]
+    short = [rng.randrange(*VOCAB) for _ in range(block)]
+
+    def first_token_step(tenant: str) -> int:
+        engine = Engine(tiny, EngineConfig(block, 1 << 30, 16, prefill_aging_picks=1))
+        for prompt in longs:
+            engine.submit(request(prompt, sampling=greedy(1), tenant="burst"), lambda e: None)
+        for _ in range(45):  # each long prompt: 45 blocks less to go, in chunks or in age
+            engine.step()
+        events: list[Event] = []
+        engine.submit(request(short, sampling=greedy(1), tenant=tenant), events.append)
+        for step in range(200):
+            engine.step()
+            if events:
+                engine.run_until_idle()
+                return step
+        raise AssertionError("the short prompt never got its first token")
+
+    assert first_token_step("steady") == 0
+    assert first_token_step("burst") > 10

@@ -87,3 +87,12 @@ def test_at_the_default_rate_a_long_prompt_is_served_within_the_bound() -> None:
 
 def test_the_daemons_default_rate_is_the_engines() -> None:
     assert DaemonSettings.model_fields["prefill_aging_picks"].default == po.AGING_PICKS
+
+
+def test_the_next_chunk_goes_to_the_tenant_served_longest_ago() -> None:
+    assert po.next_tenant(["a", "b"], {"a": 7, "b": 3}) == "b"
+    assert po.next_tenant(["a", "b"], {"a": 3, "b": 7}) == "a"
+    # Not served since it arrived: first, whatever the others' order.
+    assert po.next_tenant(["a", "b", "c"], {"a": 1, "b": 2}) == "c"
+    # Neither served yet: the one whose prompt came first.
+    assert po.next_tenant(["b", "a"], {}) == "b"
