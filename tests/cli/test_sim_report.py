@@ -279,6 +279,38 @@ def test_headline_figures(tmp_path: Path) -> None:
     assert h.router_cpu_percent == pytest.approx(100 * (75 + 0.5 + 1.5) / 225)
 
 
+def test_after_an_upgrade_the_new_versions_first_requests_in_the_next_hour(
+    tmp_path: Path,
+) -> None:
+    upgrade = {"t": 1800.0, "event": "agent-upgrade", "agent": "claude-code", "from": "2.1",
+               "to": "2.2", "applied": True}  # fmt: skip
+    rows = [
+        row(1700.0, 9.0, version="2.2"),  # before it: not counted
+        row(1900.0, 8.0, version="2.2", prompt_tokens=1000),
+        row(2000.0, 1.0, version="2.2", prompt_tokens=1000, cached_tokens=900),
+        row(2100.0, 1.0, version="2.2", turn=1),  # a later turn
+        row(2200.0, 7.0, version="2.1"),  # a session of the old version still going
+        row(2300.0, 7.0, version="2.2", agent="codex"),
+        row(5500.0, 9.0, version="2.2"),  # over an hour after it
+    ]
+    run = load_run(write_run(tmp_path / "run", rows=rows, events=[upgrade],
+                             meta={"learn_min_sessions": 3}))  # fmt: skip
+    h = series.headline(run)
+    (u,) = h.after_upgrade
+    assert (u.agent, u.version, u.at_s, u.first_requests) == ("claude-code", "2.2", 1800.0, 2)
+    assert u.ttft == {"p50": 1.0, "p95": 8.0, "p99": 8.0}
+    assert u.hit_rate == pytest.approx(0.45)
+    assert h.learn_min_sessions == 3
+    text = report.run_markdown(run, h, 1800.0)
+    assert "After the claude-code upgrade to 2.2 at 09:30: its 2 new sessions" in text
+    assert "learning from 3 sessions" in text
+    column = report.COMPARE_HEADERS.index("after an upgrade: first TTFT p95 (s)")
+    assert report.compare_table([h])[0][column] == "8.00"
+    assert report.compare_table([h])[0][report.COMPARE_HEADERS.index("learning")] == (
+        "from 3 sessions"
+    )
+
+
 def _headline(
     label: str, policy: str, warm: bool, p95: float, *, valid: bool = True
 ) -> series.Headline:

@@ -184,6 +184,14 @@ def run_markdown(one: Run, figures: series.Headline, window_s: float) -> str:
         f"{seconds(figures.operator_ready_s)} |",
         "",
     ]
+    for u in figures.after_upgrade:
+        lines += [
+            f"After the {u.agent} upgrade to {u.version} at {clock(one, u.at_s)}: its "
+            f"{u.first_requests} new sessions in the next hour, first requests' TTFT p50 / "
+            f"p95 / p99 {triple(u.ttft)} s, token hit rate {percent(u.hit_rate)} (the new "
+            f"head is warm only where a warm set, captured or learned, has it).",
+            "",
+        ]
     if one.events:
         lines += ["Events:", ""]
         for mark in series.event_marks(one.events):
@@ -210,6 +218,8 @@ def _what_ran(one: Run) -> str:
             parts.append(f"{name} {meta[key]}")
     if isinstance(meta.get("warm"), bool):
         parts.append("warm sets on" if meta["warm"] else "warm sets off")
+    if isinstance(learn := meta.get("learn_min_sessions"), int):
+        parts.append(f"learning {_learning(learn)}")
     if isinstance(meta.get("speed"), int | float):
         parts.append(f"--sim-speed {meta['speed']:g}")
     for key, name in (("cpu", "CPU"), ("started_at", "started")):
@@ -240,6 +250,8 @@ COMPARE_HEADERS = [
     "decision p99 (ms)",
     "index peak",
     "sets Ready (wall s)",
+    "learning",
+    "after an upgrade: first TTFT p95 (s)",
 ]
 
 
@@ -278,9 +290,17 @@ def compare_table(headlines: Sequence[series.Headline]) -> list[list[str]]:
                 milliseconds(h.decision_p99_s),
                 mebibytes(h.index_bytes_peak),
                 seconds(h.operator_ready_s),
+                _learning(h.learn_min_sessions),
+                seconds(h.after_upgrade[0].ttft.get("p95")) if h.after_upgrade else "-",
             ]
         )
     return table
+
+
+def _learning(min_sessions: int | None) -> str:
+    if min_sessions is None:
+        return "-"
+    return f"from {min_sessions} sessions" if min_sessions else "off"
 
 
 def compare_markdown(headlines: Sequence[series.Headline], links: Sequence[str]) -> str:

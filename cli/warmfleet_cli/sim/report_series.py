@@ -466,6 +466,53 @@ class Headline:
     rss_bytes_peak: int | None = None
     router_cpu_percent: float | None = None  # over the whole run
     operator_ready_s: float | None = None
+    learn_min_sessions: int | None = None  # the router's; 0: learning off; None: not said
+    after_upgrade: tuple[AfterUpgrade, ...] = ()
+
+
+AFTER_UPGRADE_S = 3600.0  # the profiled Macs' hour after an agent upgrade
+
+
+@dataclass(frozen=True)
+class AfterUpgrade:
+    """An upgraded agent's sessions at its new version that started in the hour after
+    the upgrade, by their first requests: whether a warm set (captured or learned) had
+    their new head warm."""
+
+    agent: str
+    version: str
+    at_s: float  # when the upgrade was applied, in the profiled Macs' seconds
+    first_requests: int
+    ttft: dict[str, float | None]  # p50/p95/p99, Mac seconds
+    hit_rate: float | None
+
+
+def after_upgrades(run: Run, window_s: float = AFTER_UPGRADE_S) -> tuple[AfterUpgrade, ...]:
+    """One per `agent-upgrade` event of the run, in time order."""
+    out = []
+    for event in sorted(run.events, key=event_time):
+        if event.get("event") != "agent-upgrade":
+            continue
+        at = event_time(event)
+        rows = [
+            r
+            for r in run.rows
+            if is_first(r)
+            and r.get("agent") == event.get("agent")
+            and r.get("version") == event.get("to")
+            and at <= sent(r) < at + window_s
+        ]
+        out.append(
+            AfterUpgrade(
+                str(event.get("agent")),
+                str(event.get("to")),
+                at,
+                len(rows),
+                {f"p{q}": percentile(served_ttfts(rows), q) for q in QUANTILES},
+                hit_rate(rows),
+            )
+        )
+    return tuple(out)
 
 
 def headline(run: Run) -> Headline:
@@ -498,6 +545,8 @@ def headline(run: Run) -> Headline:
         max(rss) if rss else None,
         _run_cpu_percent(points),
         ready,
+        learn if isinstance(learn := run.meta.get("learn_min_sessions"), int) else None,
+        after_upgrades(run),
     )
 
 
