@@ -161,7 +161,9 @@ class DaemonState:
         # Listening before anything is stored, so the log misses no block.
         events = CacheEventLog[BlockPayload](lambda payload: payload.logits is not None)
         engine.cache.listeners.append(events.record)
-        sim = isinstance(engine, SimEngine)  # a hundred of them may share the process
+        # Asked once: a simulated engine brings its codec, tier costs and clock (and a
+        # hundred of them may share the process, so they share one prompt builder).
+        sim = engine if isinstance(engine, SimEngine) else None
         transfer = KVTransfer(  # probes the model (not a simulated one): before the engine runs
             engine,
             state_dir=settings.state_dir,
@@ -174,13 +176,13 @@ class DaemonState:
             cache_disk_budget_bytes=settings.cache_disk_mb * MiB,
             spill=settings.spill,
             spill_deadline_s=settings.spill_deadline_s,
-            codec=engine.codec() if isinstance(engine, SimEngine) else None,
+            codec=sim.codec() if sim is not None else None,
         )
         for tier in transfer.tiers:  # the disk, the peer copies of a spill
             engine.attach_tier(tier)
             tier.listeners.append(events.tier_listener(tier.name))  # the router follows
-        if isinstance(engine, SimEngine):
-            costs = engine.tier_costs()  # the profiled machine's
+        if sim is not None:
+            costs = sim.tier_costs()  # the profiled machine's
         else:
             # Measured before the engine's thread starts (the model is idle), on a thread of
             # its own that is gone before we go on (see on_a_thread_of_its_own).
@@ -193,7 +195,7 @@ class DaemonState:
         ids = {loaded.name, settings.model, "default"}
         if settings.served_model_name:
             ids.add(settings.served_model_name)
-        prompts = shared_prompt_builder() if sim else PromptBuilder(loaded.tokenizer)
+        prompts = shared_prompt_builder() if sim is not None else PromptBuilder(loaded.tokenizer)
         warm = WarmManager(
             engine,
             prompts,
@@ -222,7 +224,7 @@ class DaemonState:
         # At 0 without them: "off", not "No data".
         telemetry.observe_disk_tier(transfer.disk)
         telemetry.observe_spill(transfer.spill)
-        telemetry.observe_sim_clock(engine.clock if isinstance(engine, SimEngine) else None)
+        telemetry.observe_sim_clock(sim.clock if sim is not None else None)
         diagnostics = CacheDiagnostics(prompts.decode)
         engine.observers.append(diagnostics.observe)
         diagnostics.start()
