@@ -111,3 +111,20 @@ def test_a_trace_longer_than_the_fleet_serves_is_refused(fleet: str, tmp_path: P
     )
     assert done.returncode == 2
     assert "--context-tokens 32768" in done.stderr
+
+
+def test_a_messages_prompt_counts_what_was_read_created_and_computed() -> None:
+    """Anthropic's usage splits a prompt three ways; a first request whose head was cold
+    reports most of it as cache_creation_input_tokens (computed up to its breakpoint):
+    counting only input + read made a cold 13k-token first request read as 515 tokens,
+    514 of them cached."""
+    from warmfleet_cli.sim.replay import Outcome, _read_usage
+
+    outcome = Outcome("s", 0, "claude-code", "2.1", 0, "user", 0.0)
+    usage = {"input_tokens": 1, "cache_creation_input_tokens": 13_000,
+             "cache_read_input_tokens": 514, "output_tokens": 8}  # fmt: skip
+    _read_usage({"type": "message_delta", "usage": usage}, outcome)
+    assert (outcome.prompt_tokens, outcome.cached_tokens) == (13_515, 514)
+    responses = {"input_tokens": 900, "input_tokens_details": {"cached_tokens": 800}}
+    _read_usage({"type": "response.completed", "response": {"usage": responses}}, outcome)
+    assert (outcome.prompt_tokens, outcome.cached_tokens) == (900, 800)

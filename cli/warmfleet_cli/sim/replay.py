@@ -250,8 +250,10 @@ def _read_usage(event: dict[str, Any], outcome: Outcome) -> None:
         if cached is None:  # Responses
             cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
             outcome.prompt_tokens = int(usage["input_tokens"])
-        else:  # Messages: input_tokens excludes what was read from the cache
-            outcome.prompt_tokens = int(usage["input_tokens"]) + int(cached)
+        else:  # Messages: input_tokens excludes what was read from the cache and what
+            # was computed up to the last cache_control breakpoint (cache_creation)
+            created = int(usage.get("cache_creation_input_tokens") or 0)
+            outcome.prompt_tokens = int(usage["input_tokens"]) + created + int(cached)
         outcome.cached_tokens = int(cached or 0)
     elif "prompt_tokens" in usage:
         outcome.prompt_tokens = int(usage["prompt_tokens"])
