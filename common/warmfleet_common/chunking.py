@@ -111,6 +111,19 @@ def shared_run(unsalted: Sequence[BlockKey], shared: Container[BlockKey]) -> lis
     return run
 
 
+def block_bounds(n: int, block_size: int, cuts: Iterable[int]) -> list[int]:
+    """Where a prompt of `n` tokens' chunks end (`plan_chunks`)."""
+    return _bounds(n, block_size, cuts)
+
+
+def chain_keys(
+    packed: bytes, bounds: Sequence[int], parent: BlockKey, start: int = 0
+) -> list[BlockKey]:
+    """The chained keys of the blocks ending at `bounds`, after `parent` (the key of the
+    block ending at `start`); `packed`: the tokens from `start` on, as keys hash them."""
+    return _chain(packed, bounds, parent, offset=start)
+
+
 def _bounds(n: int, block_size: int, cuts: Iterable[int]) -> list[int]:
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
@@ -127,13 +140,14 @@ def _chain(
     bounds: Sequence[int],
     root: BlockKey,
     within: Container[BlockKey] | None = None,
+    offset: int = 0,
 ) -> list[BlockKey]:
     """The chained keys of the blocks ending at `bounds`; with `within`, only as long
-    as each is in it (the run a salted prompt shares)."""
+    as each is in it (the run a salted prompt shares). `packed` starts at token `offset`."""
     keys: list[BlockKey] = []
-    start, parent = 0, root
+    start, parent = offset, root
     for end in bounds:
-        parent = _chained(parent, packed[4 * start : 4 * end])
+        parent = _chained(parent, packed[4 * (start - offset) : 4 * (end - offset)])
         if within is not None and parent not in within:
             break
         keys.append(parent)

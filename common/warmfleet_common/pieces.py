@@ -13,6 +13,7 @@ for any other tokenizer (which then encodes whole texts, as before).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -25,6 +26,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_MEMO_BYTES = 32 << 20
+_NO_MORE = 1 << 62  # sorts after any token count at the same character offset
 _PIECE_OVERHEAD = 120  # bytes of a memo entry besides its text and ids (dict, array)
 _PRE_TOKENIZERS = {"ByteLevel", "Digits", "Split", "Punctuation", "Sequence"}
 _CHECK_TEXTS = (
@@ -82,6 +84,11 @@ class PieceEncoder:
         return encoder
 
     def encode(self, text: str) -> list[int]:
+        return self.encode_marked(text, None)
+
+    def encode_marked(self, text: str, marks: list[tuple[int, int]] | None) -> list[int]:
+        """`encode(text)`, and into `marks` (when given) each added token's end: its
+        character offset and the count of tokens up to it (`resume_point`)."""
         parts = self._splitter.split(text)  # text, added token, text, added token, ...
         pieces = [p for i, p in enumerate(parts) if i % 2 == 0 and p]
         with self._lock:
@@ -92,9 +99,13 @@ class PieceEncoder:
                 for piece, encoding in zip(missing, encoded):
                     self._remember(piece, array("I", encoding.ids))
         out: list[int] = []
+        at = 0
         for i, part in enumerate(parts):
+            at += len(part)
             if i % 2:
                 out.append(self._added[part])
+                if marks is not None:
+                    marks.append((at, len(out)))
             elif part:
                 with self._lock:
                     ids = self._memo.get(part)
@@ -120,6 +131,14 @@ class PieceEncoder:
         tails = [self.encode(t[cut:]) for t in texts]
         same = _common_length(tails)
         return len(head) + same, head + tails[0][:same]
+
+    def resume_point(self, marks: Sequence[tuple[int, int]], same: int) -> tuple[int, int]:
+        """Where to resume encoding a text whose first `same` characters are those of
+        a text encoded with `marks`: the last added token's end that no text can read
+        differently (as `common_prefix` cuts), and the tokens before it; (0, 0): none."""
+        limit = same - self._splitter.longest
+        found = bisect.bisect_right(marks, (limit, _NO_MORE)) - 1
+        return marks[found] if found >= 0 else (0, 0)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -154,8 +173,8 @@ class _Splitter:
     def split(self, text: str) -> list[str]:
         return self._pattern.split(text)
 
-    def matches(self, text: str) -> Iterator[re.Match[str]]:
-        return self._pattern.finditer(text)
+    def matches(self, text: str, start: int = 0) -> Iterator[re.Match[str]]:
+        return self._pattern.finditer(text, start)
 
 
 def _common_text(texts: Sequence[str]) -> str:

@@ -129,7 +129,7 @@ class PromptBuilder:
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> RenderedPrompt:
         """Render and tokenize a chat request, with a cut where each message's content
-        starts (`_cut_candidates`). Raises PromptTooLong with `max_tokens` tokens or
+        starts (`cut_candidates`). Raises PromptTooLong with `max_tokens` tokens or
         more, and PromptCancelled once `cancelled()` is true. Linear in the messages.
         `template_kwargs` go to the template (e.g. `enable_thinking`)."""
         if not messages:
@@ -142,7 +142,7 @@ class PromptBuilder:
         tokens = self._encode(text, add_special_tokens=False)
         if max_tokens is not None and len(tokens) >= max_tokens:
             raise PromptTooLong(len(tokens))  # before any cut is looked for
-        candidates = _cut_candidates(len(messages))
+        candidates = cut_candidates(len(messages))
         roles = {i: messages[i].get("role") for i in candidates}
         if add_generation_prompt:
             roles[len(messages)] = "assistant"  # where the reply starts
@@ -476,7 +476,7 @@ def _sorted_keys(value: Any) -> Any:
     return value
 
 
-def _cut_candidates(count: int) -> list[int]:
+def cut_candidates(count: int) -> list[int]:
     """Indices of the messages whose content start becomes a cut."""
     head = list(range(min(count, _CUT_HEAD_MESSAGES)))
     tail = range(max(count - _CUT_TAIL_MESSAGES, _CUT_HEAD_MESSAGES), count)

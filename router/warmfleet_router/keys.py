@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
+import sys
+from array import array
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -26,7 +29,9 @@ from typing import Any, Protocol
 from warmfleet_common.cache_layout import CacheLayout
 from warmfleet_common.chunking import (
     BlockKey,
+    block_bounds,
     chain_key,
+    chain_keys,
     plan_chunks,
     root_key,
     salted_root,
@@ -162,6 +167,54 @@ class LayoutKeyer:
             len(prompt.tokens),
             tuple(unsalted),
         )
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        return self._prompts
+
+    def resumed(
+        self,
+        tokens: array[int],
+        cuts: Sequence[int],
+        salt: Salt,
+        prior: RequestBlocks | None,
+        same: int,
+    ) -> RequestBlocks:
+        """`_blocks` of a prompt whose first `same` tokens are those of the prompt keyed
+        as `prior` (with the same salt): the prior's keys up to its last block that ends
+        there on the same boundaries, the rest chained on from it."""
+        bounds = block_bounds(len(tokens), self._block_size, cuts)
+        reused = 0
+        if prior is not None:
+            limit = min(len(bounds), len(prior.ends))
+            while reused < limit and bounds[reused] == prior.ends[reused] <= same:
+                reused += 1
+        start = bounds[reused - 1] if reused else 0
+        parent = prior.keys[reused - 1] if prior is not None and reused else None
+        parent = parent or salted_root(self._root, salt.salt)
+        keys = chain_keys(_le32(tokens[start:]), bounds[reused:], parent, start)
+        head = prior.keys[:reused] if prior is not None else ()
+        unsalted: tuple[BlockKey, ...] = ()
+        if salt.salt:
+            shared = [end for end in bounds if end <= salt.shared_tokens]
+            if (
+                prior is not None
+                and len(prior.unsalted) == len(shared)
+                and list(prior.ends[: len(shared)]) == shared
+                and (not shared or shared[-1] <= same)
+            ):
+                unsalted = prior.unsalted
+            else:
+                packed = _le32(tokens[: shared[-1]]) if shared else b""
+                unsalted = tuple(chain_keys(packed, shared, self._root))
+        return RequestBlocks((*head, *keys), tuple(bounds), len(tokens), unsalted)
+
+
+def _le32(tokens: array[int]) -> bytes:
+    """Token ids as block keys hash them (`chunking`: little-endian, 4 bytes each)."""
+    if tokens.itemsize == 4 and sys.byteorder == "little":
+        return tokens.tobytes()
+    return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
 class MessageKeyer:

@@ -104,6 +104,7 @@ class Planner:
             tenant,
             view.shared_tokens,
             self._learn,
+            self.session_keys.of(headers),  # the body's keys are read while it is prepared
         )
         prepared = await members.pool.prepare(job)
         if isinstance(prepared, Invalid):

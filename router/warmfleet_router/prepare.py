@@ -15,6 +15,7 @@ the router answers them only once the model is known to be served.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -44,11 +45,13 @@ from warmfleet_router.keys import (
 )
 from warmfleet_router.learning import Head, head_of
 from warmfleet_router.routes import BY_NAME
-from warmfleet_router.sessions import body_values
+from warmfleet_router.sessions import body_values, capped
+from warmfleet_router.turn_memo import TurnMemo
 
 log = logging.getLogger(__name__)
 
 TOKEN_ID_LIMIT = 2**32  # block keys pack token ids as unsigned 32-bit integers
+_HEAD_MESSAGES = 4  # a session without a key is named by at most its first messages
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Job:
     tenant: str | None = None  # the client key's tenant: its blocks are keyed with its salt
     shared_tokens: int = 0  # the longest fleet-wide warm prompt (`keys.Salt`)
     learn: bool = False  # read the request's static head (`learning.head_of`)
+    session: str | None = None  # a session key from the headers (`turn_memo`)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class KeyerCache:
     def __init__(self, directory: Path | None) -> None:
         self._directory = directory
         self._keyers: dict[str, Keyer | None] = {MESSAGE_KEYS: MessageKeyer()}
+        self.turns = TurnMemo()  # this process's sessions' last requests, keyed
 
     def get(self, fingerprint: str) -> Keyer | None:
         if fingerprint not in self._keyers:
@@ -156,9 +161,13 @@ def _prepare(job: Job, keyers: KeyerCache) -> Prepared | Invalid:
         prompt = None  # the backend answers it with its own 400
     if invalid is None and prompt is not None:
         salt = Salt(cache_salt(job.tenant, own), job.shared_tokens)
+        session = _session(job, sessions, prompt) if job.fingerprints else None
         for fingerprint in job.fingerprints:
             keyer = keyers.get(fingerprint)
-            blocks[fingerprint] = _blocks(keyer, prompt, salt) if keyer is not None else EMPTY
+            if keyer is None:
+                blocks[fingerprint] = EMPTY
+            else:
+                blocks[fingerprint] = _blocks(keyer, prompt, salt, session, keyers.turns)
     head = (
         head_of(job.route, body) if job.learn and invalid is None and prompt is not None else None
     )
@@ -210,9 +219,34 @@ def _utf8_size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def _blocks(keyer: Keyer, prompt: Prompt, salt: Salt) -> RequestBlocks:
+def _session(job: Job, values: Sequence[str | None], prompt: Prompt) -> str | None:
+    """The tenant's session the request continues (`turn_memo`): a session key from its
+    headers or body, else its conversation's head (its messages up to the first user
+    message's); None for a completion."""
+    if not isinstance(prompt, ChatPrompt):
+        return None
+    found = job.session or next((v for v in values if v), None)
+    if found is None:
+        head = []
+        for message in prompt.messages[:_HEAD_MESSAGES]:
+            head.append(message)
+            if message.get("role") == "user":
+                break
+        try:
+            text = json.dumps(head, sort_keys=True).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError, RecursionError):
+            return None
+        found = "head:" + hashlib.blake2b(text, digest_size=16).hexdigest()
+    return f"{job.tenant or ''}\0{capped(found)}"
+
+
+def _blocks(
+    keyer: Keyer, prompt: Prompt, salt: Salt, session: str | None, turns: TurnMemo
+) -> RequestBlocks:
     try:
         if isinstance(prompt, ChatPrompt):
+            if session is not None and isinstance(keyer, LayoutKeyer):
+                return turns.chat(keyer, session, prompt.messages, prompt.tools, None, salt)
             return keyer.chat(prompt.messages, prompt.tools, salt=salt)
         return keyer.completion(prompt.prompt, salt)
     except (KeyError, TypeError, ValueError, PromptError, RecursionError, struct.error):

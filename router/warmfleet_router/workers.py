@@ -6,7 +6,8 @@ process cost more CPU than keying a 1k-token prompt itself (a context switch and
 pipe transfers per request: bench/router_overhead.py, docs/PERFORMANCE.md), so the
 common case stays in the process. The event loop talks to each worker over its stdin
 and stdout (framed pickles, in order), with no thread in between; a large body goes to
-the worker with the fewest jobs waiting. Layouts reach the workers as files in a private
+the worker with the fewest jobs waiting (its session's worker, unless that one is
+busier). Layouts reach the workers as files in a private
 directory, and every worker (and the router's own threads) builds a layout's keyer when
 it arrives. A worker that dies is started again, and its requests are prepared on a
 thread meanwhile. `workers=0` prepares everything on threads (a router that must stay
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import pickle
@@ -36,6 +38,7 @@ from warmfleet_router.prepare import Invalid, Job, KeyerCache, Prepared, prepare
 log = logging.getLogger(__name__)
 
 DEFAULT_LARGE_BYTES = 256 << 10
+_STICKY_SLACK = 2
 _HEADER = 8
 T = TypeVar("T")
 
@@ -173,7 +176,7 @@ class KeyingPool:
 
     async def prepare(self, job: Job) -> Prepared | Invalid:
         if self._workers and len(job.raw) > self._large_bytes:
-            worker = min(self._workers, key=lambda w: w.waiting)
+            worker = self._worker_for(job)
             try:
                 answer = await worker.call("prepare", job)
             except WorkerGone as exc:
@@ -182,6 +185,17 @@ class KeyingPool:
                 if isinstance(answer, (Prepared, Invalid)):
                     return answer
         return await self._on_thread(prepare, job, self._local)
+
+    def _worker_for(self, job: Job) -> _Worker:
+        """A session's worker (its memo of the session's last request is there:
+        `turn_memo`) unless others wait for fewer jobs by more than `_STICKY_SLACK`; else
+        the worker with the fewest jobs waiting."""
+        idle = min(self._workers, key=lambda w: w.waiting)
+        if job.session is None:
+            return idle
+        digest = hashlib.blake2b(job.session.encode("utf-8", "surrogatepass"), digest_size=8)
+        own = self._workers[int.from_bytes(digest.digest(), "big") % len(self._workers)]
+        return own if own.waiting <= idle.waiting + _STICKY_SLACK else idle
 
     def _on_thread(self, function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._threads, function, *args)

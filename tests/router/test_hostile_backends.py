@@ -406,6 +406,15 @@ async def test_a_prompt_over_every_context_is_refused_before_it_is_tokenized(
         return real(self, text, **kwargs)
 
     monkeypatch.setattr(PromptBuilder, "_encode", counted)
+    from warmfleet_common.pieces import PieceEncoder
+
+    pieces = PieceEncoder.encode_marked  # what a session's continued chat tokenizes with
+
+    def counted_pieces(self: PieceEncoder, text: str, marks: Any) -> list[int]:
+        encoded.append(text)
+        return pieces(self, text, marks)
+
+    monkeypatch.setattr(PieceEncoder, "encode_marked", counted_pieces)
     small = await fleet.planner.plan(CHAT, chat(), {})
     assert small.blocks["d"].keys and encoded  # keyed as usual
     encoded.clear()
