@@ -26,18 +26,25 @@ import hashlib
 import json
 import math
 import sys
+import threading
 from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from warmfleet_common.pieces import shared_length
-from warmfleet_common.probe_starts import Known, content_start
+from warmfleet_common.probe_starts import Known, content_start, wide
 from warmfleet_common.prompts import Message, PromptBuilder, PromptError, cut_candidates
+from warmfleet_common.prompts import _keys_sorted as keys_sorted
 
 _KEPT_HASHERS = 4  # running digests kept at the last cuts: where the next turn resumes
 _HASHER_BYTES = 400  # a blake2b object, measured with sys.getsizeof and tracemalloc
 _MESSAGE_BYTES = 400  # a message's dict and its strings' headers, besides its contents
+# The sessions' tool lists, keys sorted, shared (a Claude Code list is ~300 KB of objects).
+_SORTED_TOOLS: OrderedDict[bytes, list[Any]] = OrderedDict()
+_SORTED_TOOLS_KEPT = 32
+_SORTED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -45,11 +52,11 @@ class ChatState:
     """What keying a chat leaves for the next request of its conversation."""
 
     messages: tuple[Message, ...]  # as given
-    head: str  # the tools and template arguments, as JSON
+    head: bytes  # digest of the tools and template arguments, as JSON
     text: str  # the rendered request
     tokens: array[int]  # its tokens ("I")
     marks: tuple[tuple[int, int], ...]  # its added tokens' ends (`PieceEncoder`)
-    converted: int  # messages after the tool conversions (`PromptBuilder._with_tools`)
+    converted: tuple[Message, ...]  # after the tool conversions (`PromptBuilder._with_tools`)
     running: Any  # blake2b over the head and the converted messages (`_head_keys`)
     starts: Mapping[tuple[int, str], tuple[int, bytes] | None]  # content start by (index, role)
     digests: Mapping[int, bytes]  # digest of tokens[:count], at each cut looked at
@@ -61,7 +68,7 @@ class ChatState:
         counted as their rendered text, plus a dict and two strings' headers each)."""
         return (
             2 * sys.getsizeof(self.text)
-            + sys.getsizeof(self.head)
+            + 8 * len(self.converted)
             + 4 * len(self.tokens)
             + 120 * len(self.marks)
             + _MESSAGE_BYTES * len(self.messages)
@@ -103,10 +110,15 @@ def continue_chat(
     if not messages:
         raise PromptError("messages must not be empty")
     kwargs = dict(template_kwargs or {})
-    head = json.dumps([tools, kwargs], sort_keys=True, default=str)
+    head_json = json.dumps([tools, kwargs], sort_keys=True, default=str)
+    head = hashlib.blake2b(head_json.encode("utf-8", "surrogatepass"), digest_size=16).digest()
     if prior is not None and not _extends(prior, messages, head):
         prior = None
-    converted, converted_tools = builder._with_tools(messages, tools)
+    if prior is None:
+        converted, converted_tools = builder._with_tools(messages, tools)
+    else:  # a message's conversion is its own, but for the tools folded into the first
+        appended, _ = builder._with_tools(messages[len(prior.messages) :], None)
+        converted, converted_tools = [*prior.converted, *appended], _tools(builder, head, tools)
     added = len(converted) - len(messages)
     text = builder._render(converted, converted_tools, True, kwargs)
     begin, done = (0, 0)
@@ -145,7 +157,7 @@ def continue_chat(
         text,
         tokens,
         all_marks,
-        count,
+        tuple(converted),
         running,
         {(i, roles[i]): s for i, s in found_starts.items()},
         digests,
@@ -154,7 +166,29 @@ def continue_chat(
     return turn, state
 
 
-def _extends(prior: ChatState, messages: Sequence[Message], head: str) -> bool:
+def _tools(
+    builder: PromptBuilder, head: bytes, tools: Sequence[Mapping[str, Any]] | None
+) -> Sequence[Mapping[str, Any]] | None:
+    """The tools as `PromptBuilder._with_tools` gives them after the first message (keys
+    sorted; None where the first message carries them), one copy per tool list."""
+    if not tools:
+        return tools
+    if not builder.template_handles_tools:
+        return None
+    with _SORTED_LOCK:
+        found = _SORTED_TOOLS.get(head)
+        if found is not None:
+            _SORTED_TOOLS.move_to_end(head)
+            return found
+    found = keys_sorted(tools)
+    with _SORTED_LOCK:
+        _SORTED_TOOLS[head] = found
+        while len(_SORTED_TOOLS) > _SORTED_TOOLS_KEPT:
+            _SORTED_TOOLS.popitem(last=False)
+    return found
+
+
+def _extends(prior: ChatState, messages: Sequence[Message], head: bytes) -> bool:
     """Whether `messages` start with the prior's, as JSON values, under the same head."""
     n = len(prior.messages)
     if head != prior.head or len(messages) < n:
@@ -204,16 +238,19 @@ def _content_starts(
     where the messages before it are the prior's, else found with the memo key
     `_head_keys` gives (its running digest continued from the prior's messages); and
     the running digest over all the messages."""
+    starts: Mapping[tuple[int, str], tuple[int, bytes] | None]
     if prior is not None:
-        running, hashed = prior.running.copy(), prior.converted
+        running, hashed = prior.running.copy(), len(prior.converted)
+        starts, prior_end = prior.starts, hashed
     else:
         running, hashed = hashlib.blake2b(digest_size=16), 0
+        starts, prior_end = {}, -1
         running.update(json.dumps([tools, dict(kwargs)], sort_keys=True, default=str).encode())
     reply_turn = [*converted, {"role": "assistant", "content": ""}]
     out: dict[int, tuple[int, bytes] | None] = {}
     for index in sorted(wanted):
-        if prior is not None and index <= prior.converted and (index, roles[index]) in prior.starts:
-            out[index] = prior.starts[index, roles[index]]
+        if index <= prior_end and (index, roles[index]) in starts:
+            out[index] = starts[index, roles[index]]
             continue
         if index < hashed:  # before the prior's end, not looked at there: from the start
             key = _head_key(converted, index, roles[index], tools, kwargs)
@@ -265,7 +302,7 @@ def _prefix_digests(
             continue
         if count < at:  # before where the prior's digests resume: from the start
             running, at = hashlib.blake2b(digest_size=16), 0
-        running.update(array("q", tokens[at:count]).tobytes())
+        running.update(wide(tokens[at:count]))
         at = count
         digests[count] = running.copy().digest()
         hashers.append((count, running.copy()))

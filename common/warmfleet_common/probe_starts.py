@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -94,9 +95,22 @@ def _from_known(pieces: PieceEncoder, texts: list[str], known: Known) -> tuple[i
         return None
     start = max(((c, h) for c, h in known.hashers if c <= count), default=None, key=_count)
     running, done = (start[1].copy(), start[0]) if start else (hashlib.blake2b(digest_size=16), 0)
-    running.update(array("q", known.tokens[done:count]).tobytes())
+    running.update(wide(known.tokens[done:count]))
     running.update(array("q", tails[0][:same]).tobytes())
     return common, running.digest()
+
+
+def wide(tokens: array[int]) -> bytes | bytearray:
+    """`array("q", tokens).tobytes()` (how `prompts` digests tokens) of an "I" array:
+    on a little-endian machine each id's four bytes then four zeros, copied in C (the
+    conversion item by item cost 0.7 ms for 13k tokens)."""
+    if sys.byteorder != "little" or tokens.itemsize != 4:
+        return array("q", tokens).tobytes()
+    narrow = tokens.tobytes()
+    out = bytearray(2 * len(narrow))
+    for byte in range(4):
+        out[byte::8] = narrow[byte::4]
+    return out
 
 
 def _count(pair: tuple[int, Any]) -> int:

@@ -146,3 +146,29 @@ def test_a_sessions_large_bodies_go_to_its_worker() -> None:
         assert all(pool._worker_for(Job("chat", b"", session="s1")) is first for _ in range(3))
     finally:
         pool._threads.shutdown()
+
+
+def test_agents_bodies_keyed_through_the_memo_get_the_blocks_keyed_whole() -> None:
+    """Claude Code's and Codex's requests as the CLIs send them (`warmfleet sim trace`)."""
+    from warmfleet_cli.sim import trace as traces
+    from warmfleet_cli.sim.bodies import BodyOptions, SessionBodies
+    from warmfleet_router.routes import BY_NAME
+
+    memo_keyer, whole_keyer = keyers()
+    memo = TurnMemo()
+    params = traces.TraceParams(upgrades=(), node_lost=None, nodes_added=None,
+                                rolling_restart=None)  # fmt: skip
+    trace = traces.generate(params)
+    sessions = [s for s in traces.sessions(trace.records).values() if s[0]["turn"] == 0]
+    agents = {s[0]["agent"] for s in sessions[:6]}
+    for steps in sessions[:6]:
+        bodies = SessionBodies(BodyOptions.of(trace.header))
+        for step in steps[:4]:
+            request = bodies.request(step)
+            route = "messages" if request.path.startswith("/v1/messages") else "responses"
+            body = json.loads(json.dumps(request.body))
+            prompt = BY_NAME[route].prompt_of(body)
+            found = memo.chat(memo_keyer, step["session"], prompt.messages, prompt.tools)
+            again = BY_NAME[route].prompt_of(json.loads(json.dumps(request.body)))
+            assert found == whole_keyer.chat(again.messages, again.tools)
+    assert memo.continued > 3 and len(agents) == 2
