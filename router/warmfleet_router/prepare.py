@@ -246,8 +246,10 @@ def _blocks(
     try:
         if isinstance(prompt, ChatPrompt):
             if session is not None and isinstance(keyer, LayoutKeyer):
-                return turns.chat(keyer, session, prompt.messages, prompt.tools, None, salt)
-            return keyer.chat(prompt.messages, prompt.tools, salt=salt)
+                return turns.chat(
+                    keyer, session, prompt.messages, prompt.tools, prompt.template_kwargs, salt
+                )
+            return keyer.chat(prompt.messages, prompt.tools, prompt.template_kwargs, salt)
         return keyer.completion(prompt.prompt, salt)
     except (KeyError, TypeError, ValueError, PromptError, RecursionError, struct.error):
         return EMPTY  # the backend answers it with its own 400

@@ -17,6 +17,7 @@ from warmfleet_common.chunking import plan_chunks, root_key
 from warmfleet_common.prompts import PromptBuilder
 from warmfleet_common.tiers import TierTokens
 from warmfleet_router.keys import LayoutKeyer
+from warmfleet_router.prepare import Job, KeyerCache, Prepared, prepare
 from warmfleet_router.routes import (
     BY_NAME,
     MESSAGES,
@@ -68,6 +69,23 @@ def test_an_anthropic_request_has_the_daemons_blocks(tokenizer: Any, thinking: A
     body = {**BODY, **({"thinking": thinking} if thinking else {})}
     keyer = LayoutKeyer(export_layout(tokenizer, model="m", root=ROOT, block_size=8))
     assert request_blocks(keyer, MESSAGES, body).keys == _daemon_keys(tokenizer, body)
+
+
+@pytest.mark.parametrize("session", [None, "s1"])
+def test_the_routers_prepare_keys_the_thinking_switch_as_the_daemon(
+    tokenizer: Any, session: str | None
+) -> None:
+    """The path a request takes (a key worker's `prepare`, with or without the session
+    memo), not only `request_blocks`: it dropped the template arguments once."""
+    layout = export_layout(tokenizer, model="m", root=ROOT, block_size=8)
+    keyers = KeyerCache(None)
+    keyers.add(layout)
+    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 64}):
+        body = {**BODY, "thinking": thinking}
+        job = Job("messages", json.dumps(body).encode(), (layout.fingerprint,), session=session)
+        prepared = prepare(job, keyers)
+        assert isinstance(prepared, Prepared)
+        assert prepared.blocks[layout.fingerprint].keys == _daemon_keys(tokenizer, body)
 
 
 def test_the_thinking_switch_renders_another_prompt(tokenizer: Any) -> None:
