@@ -135,6 +135,13 @@ def run(options: RunOptions, say: Callable[[str], None]) -> dict[str, Any]:
         fleet.start()
         meta["operator_ready_s"] = _wait_warm(fleet, options, say)
         say(f"replaying {options.trace} at {speed:g}x on {options.nodes} simulated Macs")
+        compress = float(params.get("compress", speed))
+        if abs(compress - speed) > 1e-9 * speed:
+            say(
+                f"--sim-speed {speed:g} is not the trace's compression ({compress:g}): the "
+                f"Macs see its arrivals {compress / speed:g}x as dense as the day's, and the "
+                "run's times are the Macs' (for a lower speed, `sim trace --compress` too)"
+            )
         result = asyncio.run(_replay(fleet, header, records, options, speed, meta))
     finally:
         fleet.stop()
@@ -269,10 +276,11 @@ async def _replay(
     reasons = []
     if share > MAX_BEHIND_SHARE:
         reasons.append(f"the simulated engines ran {share:.0%} late (> {MAX_BEHIND_SHARE:.0%}): "
-                       "lower --sim-speed or the nodes")  # fmt: skip
+                       "lower --sim-speed with the trace's --compress, or the nodes")  # fmt: skip
     if client_lag > MAX_CLIENT_LAG_S:
         reasons.append(f"the replay's event loop lagged {client_lag:.2f} Mac-s at p99 "
-                       f"(> {MAX_CLIENT_LAG_S}): lower --sim-speed or the developers")  # fmt: skip
+                       f"(> {MAX_CLIENT_LAG_S}): lower --sim-speed with the trace's "
+                       "--compress, or the developers")  # fmt: skip
     meta["valid"] = not reasons
     meta["invalid_reason"] = "; ".join(reasons) or None
     return result
