@@ -33,8 +33,10 @@ def write_profile(path: Path, context_length: int = 8192, memory_gib: int = 2) -
 
 def consecutive_free_ports(count: int) -> int:
     """The first of `count` consecutive ports free now. Bases are tried from a random
-    one: test workers (`pytest -n 2`) scanning in the same order took the same ports."""
-    bases = list(range(21000, 60000, 97))
+    one: test workers (`pytest -n 2`) scanning in the same order took the same ports.
+    Below Linux's ephemeral range (32768-60999): a port found free there could be taken by
+    any client connection before the fleet bound it (CI saw one, `Address already in use`)."""
+    bases = list(range(12000, 32000 - count, 97))
     start = random.randrange(len(bases))
     for base in bases[start:] + bases[:start]:
         try:
