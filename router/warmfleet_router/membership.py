@@ -21,6 +21,7 @@ from warmfleet_router.backend import Backend, BackendSpec
 from warmfleet_router.discovery import Source
 from warmfleet_router.index import BlockIndex
 from warmfleet_router.keys import MESSAGE_KEYS
+from warmfleet_router.layout_reads import LayoutReads
 from warmfleet_router.metrics import RouterMetrics
 from warmfleet_router.options import RouterOptions
 from warmfleet_router.sync import BackendSync
@@ -81,6 +82,7 @@ class Membership:
         self.metrics = metrics
         self.index = index
         self.pool = pool
+        self.layout_reads = LayoutReads(lambda fingerprint: fingerprint in pool.usable)
         self.backends: dict[str, Backend] = {}
         self.syncs: dict[str, BackendSync] = {}
         # The fleet attaches the drain handoff (which itself removes backends).
@@ -118,6 +120,7 @@ class Membership:
                     self.metrics.index_event,
                     self.metrics.read_error,
                     self._draining,
+                    self.layout_reads,
                 )
                 self.backends[name], self.syncs[name] = backend, sync
                 self.metrics.backend_added(backend)

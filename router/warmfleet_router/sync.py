@@ -53,6 +53,7 @@ from warmfleet_common.wire import (
 )
 from warmfleet_router.backend import Backend
 from warmfleet_router.index import BlockIndex
+from warmfleet_router.layout_reads import LAYOUT_PATH, LayoutReads
 from warmfleet_router.sync_reads import (
     NoEvents,
     Unavailable,
@@ -123,11 +124,13 @@ class BackendSync:
         on_index: OnIndexEvent | None = None,
         on_trouble: OnTrouble | None = None,
         on_draining: Callable[[Backend], None] | None = None,
+        layout_reads: LayoutReads | None = None,
     ) -> None:
         self.backend = backend
         self._client = client
         self._index = index
         self._layouts = layouts
+        self._layout_reads = layout_reads  # None: every layout read whole
         self._options = options
         self._limits = options.limits
         self._on_index = on_index
@@ -452,7 +455,7 @@ class BackendSync:
         backend.index_mode = "resyncing"
         snap = await self._get("/v1/cache/snapshot", CacheSnapshot, self._limits.snapshot)
         if snap.fingerprint != backend.fingerprint:
-            await self._read_layout()
+            await self._read_layout(snap.fingerprint)
         self._index.load_snapshot(
             backend.name, ((bytes.fromhex(b.key), b.logits, holders(b)) for b in snap.blocks)
         )
@@ -467,10 +470,25 @@ class BackendSync:
         if self._on_index:
             self._on_index(backend, "resync")
 
-    async def _read_layout(self) -> None:
+    async def _read_layout(self, expected: str | None = None) -> None:
+        """Its layout; when its snapshot said the `expected` fingerprint and the router
+        holds that layout already, only what is its own (the costs), without the files."""
+        reads, limit = self._layout_reads, self._limits.layout
+        if expected is None or reads is None:
+            layout = await self._get(LAYOUT_PATH, CacheLayout, limit)
+            await self._layouts(layout)
+        else:
+            async with reads.lock(expected):
+                light = None
+                if reads.known(expected):
+                    path = f"{LAYOUT_PATH}?tokenizer_files=false"
+                    light = await self._get(path, CacheLayout, limit)
+                if light is not None and light.fingerprint == expected:
+                    layout = light
+                else:  # new to the router, or changed since its snapshot
+                    layout = await self._get(LAYOUT_PATH, CacheLayout, limit)
+                    await self._layouts(layout)
         backend = self.backend
-        layout = await self._get("/v1/cache/layout", CacheLayout, self._limits.layout)
-        await self._layouts(layout)
         backend.fingerprint, backend.model = layout.fingerprint, layout.model
         backend.costs = layout.costs
 

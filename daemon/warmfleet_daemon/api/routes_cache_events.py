@@ -58,10 +58,20 @@ def _layout(tokenizer: Any, model: str, root: bytes, block_size: int) -> CacheLa
 
 
 @router.get("/layout", response_model=CacheLayout)
-async def layout(ready: ReadyDep) -> CacheLayout:
+async def layout(
+    ready: ReadyDep,
+    tokenizer_files: bool = Query(
+        True,
+        description="false: leave the tokenizer's files out (megabytes; the fingerprint "
+        "still names them), for a router that already holds this fingerprint's",
+    ),
+) -> CacheLayout:
     """How requests become block keys here, and what a token costs in each tier."""
     found = await run_in_threadpool(layout_of, ready.engine)
-    return found.model_copy(update={"costs": ready.costs})
+    update: dict[str, Any] = {"costs": ready.costs}
+    if not tokenizer_files:
+        update["tokenizer_files"] = {}
+    return found.model_copy(update=update)
 
 
 @router.get("/snapshot", response_model=CacheSnapshot)

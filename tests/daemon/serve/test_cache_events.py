@@ -74,6 +74,11 @@ def test_events_after_a_snapshot_carry_the_keys_a_router_computes(daemon: Daemon
     assert snap["fingerprint"] == layout.fingerprint and layout.block_size == 32
     assert layout.costs is not None and "disk" not in layout.costs.hit_us_per_token
     assert 0 < layout.costs.hit_us_per_token["ram"] < layout.costs.prefill_us_per_token
+    light = httpx.get(
+        f"{daemon.url}/v1/cache/layout?tokenizer_files=false", headers=AUTH, timeout=30
+    ).json()  # what a router that holds this fingerprint's files reads
+    assert light["tokenizer_files"] == {} and layout.tokenizer_files
+    assert light == {**layout.model_dump(mode="json"), "tokenizer_files": {}}
     expected = request_blocks(LayoutKeyer(layout), "chat", CHAT)
     assert len(expected.keys) >= 3  # system prompt blocks, then the question
 
