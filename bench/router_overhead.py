@@ -7,7 +7,7 @@ a short question unique to each request, as agents send them) at concurrency 1, 
 (round-robin from the client) and through the router, one after the other, in the same
 run; the router's added latency is the difference of the two. Backends:
 
-- `instant`: two fake warmfleet daemons (aiohttp, in one process) that answer at once,
+- `instant`: two fake warmfleet daemons (`harness/fake_daemon.py`) that answer at once,
   serving a real daemon's cache layout (so the router tokenizes and keys as it would
   in front of real ones) and a 128k-token context;
 - `daemons`: two real `warmfleet serve --model tiny-random` daemons (8,192-token
@@ -45,75 +45,13 @@ TARGETS = {  # the issue's (#23)
     "added_p99_share_c16_c128": 0.10,
     "routed_per_s_one_core": 1000,
 }
+FAKE_DAEMON = str(Path(__file__).parent / "harness" / "fake_daemon.py")
 WORDS = ("alert", "deploy", "latency", "runbook", "owner", "quota", "region", "shard")
 
 
 def kept(name: str, cpus: set[int]) -> dict[str, Any]:
     """launch()'s options here: these CPUs, the output kept in router-overhead-NAME.log."""
     return {"name": name, "cpus": cpus, "log": tmp_log(f"router-overhead-{name}"), "poll": 0.2}
-
-
-# -- the fake instant backend ------------------------------------------------------------
-
-
-def serve_fake(port: int, layout_file: str) -> None:
-    """A warmfleet daemon that answers every chat at once (run in its own process)."""
-    from aiohttp import web
-
-    layout = Path(layout_file).read_bytes()
-    fingerprint = json.loads(layout)["fingerprint"]
-    answer = json.dumps(
-        {
-            "id": "x",
-            "object": "chat.completion",
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "ok"},
-                 "finish_reason": "length"}
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
-                      "prompt_tokens_details": {"cached_tokens": 0}},
-        }
-    ).encode()  # fmt: skip
-
-    async def chat(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(body=answer, content_type="application/json")
-
-    async def events(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
-        await response.prepare(request)
-        await response.write(b'{"type":"hello","epoch":"e1","seq":0}\n')
-        beat = float(request.query.get("heartbeat", "5"))
-        while True:
-            await asyncio.sleep(beat)
-            await response.write(b'{"type":"heartbeat","seq":0}\n')
-
-    def fixed(body: Any) -> Any:
-        async def handler(_: web.Request) -> web.Response:
-            return web.json_response(body)
-
-        return handler
-
-    async def layout_route(_: web.Request) -> web.Response:
-        return web.Response(body=layout, content_type="application/json")
-
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/readyz", fixed({"status": "ready"}))
-    app.router.add_get("/health", fixed({"status": "ok"}))
-    app.router.add_get("/v1/models", fixed({"object": "list", "data": [{"id": "default"}]}))
-    app.router.add_get(
-        "/v1/status", fixed({"model": {"id": "default", "aliases": ["default"],
-                                       "context_length": 131072}})
-    )  # fmt: skip
-    app.router.add_get(
-        "/v1/cache/snapshot",
-        fixed({"epoch": "e1", "seq": 0, "fingerprint": fingerprint, "blocks": []}),
-    )
-    app.router.add_get("/v1/cache/layout", layout_route)
-    app.router.add_get("/v1/cache/events", events)
-    app.router.add_get("/v1/warm-sets", fixed({"sets": []}))
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
 # -- load ------------------------------------------------------------------------------
@@ -215,11 +153,7 @@ def main() -> int:
     )
     p.add_argument("--peer-python", default="python3")
     p.add_argument("--json", help="write the rows here too")
-    p.add_argument("--fake-backend", nargs=2, metavar=("PORT", "LAYOUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.fake_backend:
-        serve_fake(int(args.fake_backend[0]), args.fake_backend[1])
-        return 0
     all_cpus = os.sched_getaffinity(0)
     router_cpus = {args.router_cpu}
     others = (all_cpus - router_cpus) or all_cpus
@@ -247,7 +181,7 @@ def main() -> int:
             if kind == "instant":
                 ports = [free_port(), free_port()]
                 backends = [
-                    launch([sys.executable, __file__, "--fake-backend", str(port), layout_file],
+                    launch([sys.executable, FAKE_DAEMON, str(port), layout_file],
                            port, **kept(f"fake-{port}", others))
                     for port in ports
                 ]  # fmt: skip
