@@ -304,6 +304,7 @@ def serve(args: argparse.Namespace) -> int:
     from warmfleet_daemon.node.cli import register_if_asked
     from warmfleet_daemon.runtime.drain import DrainingServer
     from warmfleet_daemon.settings import DaemonSettings
+    from warmfleet_daemon.support import open_files
     from warmfleet_daemon.warming.sets import read_warm_prompts_file
     from warmfleet_daemon.warming.state_store import StateStore
 
@@ -408,6 +409,7 @@ def serve(args: argparse.Namespace) -> int:
     # over HTTP: 91-98 tok/s at 5 ms, 113-117 at 0.2 ms, docs/PERFORMANCE.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = create_app(settings)
+    open_files.restore()  # mlx-lm's import lowered it
     app.state.daemon.on_ready.append(freeze_heap)
     config = uvicorn.Config(
         app,

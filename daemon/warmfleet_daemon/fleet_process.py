@@ -30,6 +30,7 @@ from warmfleet_common.tls import install_https
 from warmfleet_daemon.api.app import create_app
 from warmfleet_daemon.runtime.drain import DrainingServer
 from warmfleet_daemon.settings import DaemonSettings
+from warmfleet_daemon.support import open_files
 
 log = logging.getLogger(__name__)
 COMMANDS = ("kill", "stop", "start")
@@ -101,6 +102,7 @@ class _Fleet:
             family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
             sock = socket.create_server((settings.host, settings.port), family=family)
         app = create_app(settings)
+        open_files.restore()  # mlx-lm's import lowered it: fifty daemons' sockets need more
         config = uvicorn.Config(
             app,
             host=settings.host,
