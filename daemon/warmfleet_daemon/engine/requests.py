@@ -82,8 +82,8 @@ class GenerationRequest:
     # checked it may be asked): what RAM and disk lack is copied from it if faster.
     peer: str | None = None
     peer_grant: str | None = None  # the router's grant to read the peer's blocks
-    # Whose request it is (client keys; None: an open daemon's, and warm-ups): prefill
-    # chunks take turns between tenants.
+    # Whose request it is (client keys; None: an open daemon's, and the warm-ups of
+    # fleet-wide sets): prefill chunks take turns between tenants.
     tenant: str | None = None
 
     @property

@@ -367,6 +367,7 @@ class WarmManager:
             SamplingParams(max_tokens=1, temperature=0.0),
             prefill_only=True,
             pin=warm_set.spec.pin and not entry.pinned,
+            tenant=entry.tenant,  # a scoped warm-up takes its tenant's turns
         )
         started = time.perf_counter()
         label = f"{warm_set.namespace}/{warm_set.name}:{entry.id}"

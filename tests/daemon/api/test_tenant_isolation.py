@@ -157,7 +157,8 @@ def test_an_open_daemon_keeps_salted_requests_apart(tmp_path: Path) -> None:
 
 def test_the_engine_is_told_each_requests_tenant(tmp_path: Path) -> None:
     """Its prefill scheduler takes turns between tenants (`prefill_order.next_tenant`):
-    the chat route and the agent APIs' routes name the key's tenant on the request."""
+    the chat route and the agent APIs' routes name the key's tenant on the request, and
+    a tenant-scoped warm set's warm-up names its tenant (a fleet-wide one's, none)."""
     path = tmp_path / "api-keys"
     path.write_text("".join(f"{t} {k}\n" for t, k in KEYS.items()))
     engine = Engine(model("tiny-random"), EngineConfig(block_size=32, cache_budget_bytes=64 << 20))
@@ -180,4 +181,9 @@ def test_the_engine_is_told_each_requests_tenant(tmp_path: Path) -> None:
                 {"role": "user", "content": "hi"}]},
         )  # fmt: skip
         assert answer.status_code == 200, answer.text
-    assert seen[-2:] == ["team-a", "team-b"]
+        assert seen[-2:] == ["team-a", "team-b"]
+        seen.clear()
+        put_and_wait(base, "b-only", {"tenants": ["team-b"], "prompts": [
+            {"name": "b", "messages": [system("Gil")]}]})  # fmt: skip
+        put_and_wait(base, "shared", {"prompts": [{"name": "s", "messages": [system("Hal")]}]})
+    assert seen == ["team-b", None]
