@@ -311,6 +311,23 @@ def test_after_an_upgrade_the_new_versions_first_requests_in_the_next_hour(
     )
 
 
+def test_a_run_slower_than_its_trace_reads_its_clock_in_the_days_time(tmp_path: Path) -> None:
+    """At --sim-speed 12 a trace compressed 24x gave the Macs its day twice as dense: a
+    Mac half hour after the 09:00 start is 10:00 of the day."""
+    upgrade = {"t": 1800.0, "event": "agent-upgrade", "agent": "claude-code", "from": "2.1",
+               "to": "2.2", "applied": True}  # fmt: skip
+    rows = [row(1900.0, 8.0, version="2.2")]
+    slow = load_run(write_run(tmp_path / "slow", rows=rows, events=[upgrade],
+                              meta={"speed": 12.0}))  # fmt: skip
+    assert slow.day_per_mac == 2.0 and report.clock(slow, 1800.0) == "10:00"
+    text = report.run_markdown(slow, series.headline(slow), 1800.0)
+    assert "After the claude-code upgrade to 2.2 at 10:00" in text
+    same = load_run(write_run(tmp_path / "same", meta={"speed": 24.0}))
+    assert same.day_per_mac == 1.0 and report.clock(same, 1800.0) == "09:30"
+    unknown = load_run(write_run(tmp_path / "unknown", meta={"speed": None}))
+    assert unknown.day_per_mac == 1.0
+
+
 def _headline(
     label: str, policy: str, warm: bool, p95: float, *, valid: bool = True
 ) -> series.Headline:

@@ -147,7 +147,7 @@ def clock(one: Run, t: float) -> str:
     if one.day_start is None:
         minutes = round(t / 60)
         return f"+{minutes // 60}:{minutes % 60:02d}"
-    minutes = round(one.day_start * 60 + t / 60)
+    minutes = round(one.day_start * 60 + t * one.day_per_mac / 60)
     return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 

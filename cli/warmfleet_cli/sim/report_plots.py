@@ -54,7 +54,10 @@ def _save(figure: Figure, path: Path) -> Path:
 
 
 def _hours(run: Run, t: float) -> float:
-    return (run.day_start or 0.0) + t / 3600
+    """A Mac time as the hour of the trace's day (else Mac hours since the start)."""
+    if run.day_start is None:
+        return t / 3600
+    return run.day_start + t * run.day_per_mac / 3600
 
 
 def _time_axis(ax: Axes, run: Run) -> None:
@@ -63,7 +66,7 @@ def _time_axis(ax: Axes, run: Run) -> None:
     if run.day_start is None:
         ax.set_xlabel("Mac hours since the run's start")
         return
-    ax.set_xlabel("hour of the day (the profiled Macs' time)")
+    ax.set_xlabel("hour of the trace's day")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda h, _: _clock(h)))
 
 
@@ -164,7 +167,7 @@ def plot_hits(run: Run, window_s: float, path: Path) -> Path:
     figure, (ax,) = _figure(1, 1, 5)
     windows = series.hit_windows(run.rows, window_s)
     x = [_hours(run, w.start_s + window_s / 2) for w in windows]
-    width = window_s / 3600 * 0.9
+    width = (_hours(run, window_s) - _hours(run, 0.0)) * 0.9
     tiers = series.ordered_tiers(t for w in windows for t in w.by_tier)
     bottom = [0.0] * len(windows)
     for tier in tiers:

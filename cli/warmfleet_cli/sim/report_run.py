@@ -40,6 +40,18 @@ class Run:
         return float(value) if isinstance(value, int | float) else None
 
     @property
+    def day_per_mac(self) -> float:
+        """Seconds of the trace's day per Mac second: its compression over the run's
+        speed (1 when they are equal, as they should be, or either is unknown). A run at
+        half the trace's speed gave the Macs the day's arrivals twice as dense, and its
+        Mac hour is two hours of the day."""
+        compress = number((self.meta.get("trace_params") or {}).get("compress"))
+        speed = number(self.meta.get("speed"))
+        if compress is None or speed is None or compress <= 0 or speed <= 0:
+            return 1.0
+        return compress / speed
+
+    @property
     def speed(self) -> float:
         """Mac seconds per wall second (the fleet's --sim-speed): turns the samples' Mac
         times into the wall time the router's CPU seconds were spent in."""
