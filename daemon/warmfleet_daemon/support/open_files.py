@@ -18,6 +18,7 @@ except ImportError:  # not a POSIX system: no such limit
     resource = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
+_restored = False
 
 AT_START: tuple[int, int] | None = (
     resource.getrlimit(resource.RLIMIT_NOFILE) if resource is not None else None
@@ -28,8 +29,10 @@ def restore() -> None:
     """Undo what mlx-lm lowered: the soft limit back to at least what it was at start
     (what mlx-lm raised stays raised), the hard one back to what it was, or, when the
     process may not raise it again (unprivileged), the soft one up to the hard one left."""
-    if resource is None or AT_START is None:
+    global _restored
+    if resource is None or AT_START is None or _restored:
         return
+    _restored = True  # once a process (fifty simulated daemons restore it in turn)
     kind = resource.RLIMIT_NOFILE
     now = resource.getrlimit(kind)
     wanted = (_larger(AT_START[0], now[0]), _larger(AT_START[1], now[1]))
