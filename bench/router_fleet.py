@@ -3,10 +3,10 @@
 heads warm as `sim run` warms them), then agent sessions through its router, closed
 loop: `--sessions` sessions of a generated trace (`warmfleet sim trace`: Claude Code
 and Codex bodies as the CLIs send them, session headers), their first `--turns` steps
-each, `--concurrency` sessions at a time, each step sent when the previous one's
-response has ended. The router (and its key workers) run on CPU 0, everything else
-(the simulated Macs, the operator, this client) on the other CPUs (`sched_setaffinity`,
-as `taskset` does).
+each, `--concurrency` sessions at a time (the first ones starting over `--ramp`
+seconds), each step sent when the previous one's response has ended. The router (and
+its key workers) run on CPU 0, everything else (the simulated Macs, the operator, this
+client) on the other CPUs (`sched_setaffinity`, as `taskset` does).
 
 Per fleet size: the router's CPU per request (its process, from /proc) and by stage
 (`warmfleet_router_request_cpu_seconds_total`: prepare, the body parsed and keyed;
@@ -18,7 +18,7 @@ checkout's code (e.g. `git worktree add /tmp/parent HEAD~1`) right after each, s
 routers are measured side by side in each run. Medians of `--runs` with their range.
 
     .venv/bin/python bench/router_fleet.py [--nodes 4,25,100,250] [--runs 3]
-        [--sessions 300] [--turns 3] [--concurrency 32] [--peer-checkout DIR]
+        [--sessions 300] [--turns 3] [--concurrency 32] [--ramp 10] [--peer-checkout DIR]
 
 Linux only (/proc, sched_setaffinity).
 """
@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,7 @@ class Figures:
     rss_mb: float = 0.0
     index_mb: float = 0.0
     hit_rate: float = 0.0
+    errors: list[tuple[str, int]] = field(default_factory=list)  # the commonest, counted
 
 
 def main() -> None:
@@ -84,6 +86,13 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=300)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument(
+        "--ramp",
+        type=float,
+        default=10.0,
+        help="s over which the first sessions start (0: all at once, a burst of "
+        "--concurrency first requests that queue behind each other's keying)",
+    )
     p.add_argument("--idle-window", type=float, default=30.0)
     p.add_argument("--settle", type=float, default=20.0, help="s after warm, before idle")
     p.add_argument("--sim-speed", type=float, default=20.0)
@@ -208,6 +217,7 @@ def measure(
     metrics_after = read_metrics(fleet.router_url, auth)
     figures.requests = len(outcomes)
     figures.failed = sum(o.error is not None for o in outcomes)
+    figures.errors = Counter(o.error[:120] for o in outcomes if o.error).most_common(3)
     served = max(1, figures.requests - figures.failed)
     figures.cpu_ms = (usage["cpu_seconds"] - cpu_before) * 1e3 / served
     decided = metrics_after["decisions"] - metrics_before["decisions"]
@@ -300,7 +310,8 @@ async def load(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
 
-        async def worker() -> None:
+        async def worker(slot: int) -> None:
+            await asyncio.sleep(slot * args.ramp / args.concurrency)  # sessions start apart
             while not queue.empty():
                 steps = queue.get_nowait()
                 bodies, reply = SessionBodies(options), None
@@ -320,7 +331,7 @@ async def load(
                         outcome.error = f"{type(exc).__name__}: {exc}"
                         break
 
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        await asyncio.gather(*(worker(slot) for slot in range(args.concurrency)))
     return outcomes
 
 
@@ -370,6 +381,7 @@ def brief(f: Figures) -> str:
         f"{f.decision_p50_ms:.2f} ms p99 {f.decision_p99_ms:.2f} ms, "
         f"idle {f.idle_share * 100:.1f}% of a core, RSS {f.rss_mb:.0f} MB, index "
         f"{f.index_mb:.1f} MB, hit rate {f.hit_rate:.3f}"
+        + "".join(f"\n  failed {n}x: {error}" for error, n in f.errors)
     )
 
 
