@@ -142,6 +142,7 @@ class BackendSync:
         # so requests are keyed by blocks), or estimates from history, or failed for now.
         self._indexed = asyncio.Event()
         self._models_read = -math.inf  # loop time of the last read of its model names
+        self._last_status: DaemonStatus | None = None  # its last readable /v1/status
         self._logged: dict[str, str] = {}  # what -> the error type logged for it
         # Until it was first ready (and for START_GRACE_S at most), failed reads are what a
         # daemon that is starting answers: said once at INFO, warned only if they last.
@@ -318,9 +319,12 @@ class BackendSync:
             )
         except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
             self._trouble("status", exc)
-            status = None
+            # It cannot say now: what it said last. (Its aliases, `default` among them,
+            # were dropped: a hundred busy daemons answering slowly served no `default`.)
+            status = self._last_status
         else:
             self._fine("status")
+            self._last_status = status  # None: it answered that it has no status
         if status is not None and status.model is not None:
             names.update(status.model.aliases)
             if status.model.context_length:

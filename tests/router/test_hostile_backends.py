@@ -169,6 +169,23 @@ async def test_a_status_whose_aliases_are_no_list_leaves_the_backend_routable(
     assert backend.models == frozenset({"m", "a"})
 
 
+async def test_an_unreadable_status_keeps_the_aliases_it_gave(fleet: Fleet, fake: Fake) -> None:
+    """A /v1/status that cannot be read (too slow from a busy daemon, too large): its
+    aliases (`default`) stay as its last status said, so requests for them find it."""
+    fake.routes["/v1/status"] = lambda r: httpx.Response(200, json={"model": {"aliases": ["a"]}})
+    backend = await start(fleet)
+    assert backend.models == frozenset({"m", "a"})
+    fake.routes["/v1/status"] = lambda r: httpx.Response(200, content=b"x" * (2 << 20))
+    await until(lambda: "status" in backend.problems)  # too large to read: it cannot say
+    await fleet.members.syncs["d"].read_models()
+    assert backend.models == frozenset({"m", "a"})
+    plan = await fleet.planner.plan(CHAT, json.dumps({"model": "a", "messages": []}).encode(), {})
+    assert plan.decision.backend == "d"
+    fake.routes["/v1/status"] = lambda r: httpx.Response(404)  # it says it has none
+    await fleet.members.syncs["d"].read_models()
+    assert backend.models == frozenset({"m"})
+
+
 @pytest.mark.parametrize(
     "line",
     [
