@@ -57,17 +57,27 @@ def test_a_day_on_ten_simulated_macs(tmp_path: Path) -> None:
     assert restarted == {f"node-{i}" for i in range(1, NODES + 3)} - {"node-3"}, events
 
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == summary["requests"]
     after_loss = [r for r in rows if r["sent_s"] > lost["t"] + 60 and r["node"] == "node-3"]
     assert after_loss == []  # the router stopped sending to the lost node
     first = [r for r in rows if r["turn"] == 0 and r["error"] is None]
     assert first and all(r["cached_tokens"] > 0 for r in first if r["version"] != "2.1.333")
 
-    # Restarted nodes read their sessions' blocks back from their disk tier.
-    assert summary["cached_by_tier"].get("disk", 0) > 0, summary["cached_by_tier"]
+    # Each restarted node came back with every block its disk tier held before the stop.
+    # (Whether a later request reads one depends on where the router sent its sessions
+    # while the node was down: tests/daemon/sim/test_sim_tiers.py reads them back.)
     assert meta["disk_tier"] and any((out / "state").rglob("*.safetensors"))
+    kept: dict[str, tuple[int, int | None]] = {}
+    for e in events:
+        if e["event"] == "node-restarted":
+            held = [s["nodes"].get(e["node"], {}).get("disk_blocks", 0) for s in samples]
+            before = max(h for s, h in zip(samples, held) if s["t"] < e["t"])
+            after = [h for s, h in zip(samples, held) if s["t"] > e["t"] and h]
+            kept[e["node"]] = (before, after[0] if after else None)
+    assert all(after is None or after >= before > 0 for before, after in kept.values()), kept
+    assert sum(after is not None for _, after in kept.values()) >= len(kept) // 2, kept
 
-    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples and "decision_buckets" in samples[-1]["router"]
     assert len(samples[-1]["nodes"]) == NODES + 2
     for name in ("report.md", "ttft.png", "hits.png", "nodes.png", "router.png"):

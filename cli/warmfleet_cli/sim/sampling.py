@@ -72,12 +72,14 @@ async def sample(client: httpx.AsyncClient, targets: Targets) -> dict[str, Any]:
         backend = backends.get(name, {})
         cache = (node_status or {}).get("cache") or {}
         sim = (node_status or {}).get("sim") or {}
+        disk = (node_status or {}).get("disk_tier") or {}
         nodes[name] = {
             "ready": backend.get("health") == "ready",
             "health": backend.get("health"),
             "requests": int(backend.get("requests", 0)),
             "cache_bytes": int(cache.get("bytes", 0)),
             "cache_budget_bytes": int(cache.get("budget_bytes", 0)),
+            "disk_blocks": int(disk.get("blocks", 0)),  # 0 without a disk tier
             "sim_spent_s": float(sim.get("spent_s", 0.0)),
             "sim_behind_s": float(sim.get("behind_s", 0.0)),
         }
