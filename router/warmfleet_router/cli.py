@@ -48,6 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "concurrent_requests): over one, a 429 with Retry-After; read again when it changes",
     )
     p.add_argument(
+        "--tenant-share-window",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with client keys: a tenant with at least its share of the fleet in flight "
+        "(backends per active tenant) goes to the backends the fewest other tenants used "
+        "within SECONDS, so its burst stays off theirs; 0: off (default 60)",
+    )
+    p.add_argument(
         "--tls-cert",
         metavar="FILE",
         help="serve HTTPS with this certificate (cert-manager's tls.crt; read again when it "
@@ -186,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
     if args.handoff_sessions < 0 or args.handoff_seconds <= 0:
         print("warmfleet router: --handoff-sessions must be >= 0 and --handoff-seconds > 0")
         return 2
+    if args.tenant_share_window < 0:
+        print("warmfleet router: --tenant-share-window must be >= 0")
+        return 2
     if args.request_timeout <= 0:
         print("warmfleet router: --request-timeout must be > 0")
         return 2
@@ -278,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token,
         api_keys_file=args.api_keys_file,
         quotas_file=args.quotas,
+        tenant_share_window_s=args.tenant_share_window,
         tls=tls,
         handoff_sessions=args.handoff_sessions,
         handoff_seconds=args.handoff_seconds,

@@ -12,6 +12,7 @@ from warmfleet_router.policy import DEFAULT_EPSILON, PolicyName
 from warmfleet_router.sessions import DEFAULT_BUDGET_BYTES as DEFAULT_SESSIONS_BUDGET
 from warmfleet_router.sessions import DEFAULT_SOURCES
 from warmfleet_router.sync import SyncOptions
+from warmfleet_router.tenant_share import DEFAULT_WINDOW_S as DEFAULT_TENANT_WINDOW
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class RouterOptions:
     # Client keys (`TENANT KEY` lines): each inference route then needs one.
     api_keys_file: str | None = None
     quotas_file: str | None = None  # per-tenant limits (`quotas`), read again when changed
+    # A tenant over its share of the fleet kept off the backends other tenants used
+    # within this many seconds (`tenant_share`); 0: off.
+    tenant_share_window_s: float = DEFAULT_TENANT_WINDOW
     # HTTPS served, the daemons' certificates verified, mTLS on the status's detail.
     tls: TlsOptions = field(default_factory=TlsOptions)
     # A draining backend's hottest sessions copied to where they go next: how many, and

@@ -27,6 +27,7 @@ from warmfleet_router.prepare import Invalid, Job, RequestInvalid
 from warmfleet_router.routes import ProxiedRoute, Usage
 from warmfleet_router.sessions import SessionDigest, SessionKeys, SessionTable
 from warmfleet_router.shortlist import FleetView, fleet_view, shortlist
+from warmfleet_router.tenant_share import TenantShare
 
 RECENT_DECISIONS = 100
 
@@ -50,6 +51,7 @@ class Plan:
     peers: dict[str, str] = field(default_factory=dict)  # per backend tried: its spill peer
     usage: Usage | None = None  # the answering backend's, once the response has ended
     head: Head | None = None  # its static head, when the router learns (`learning`)
+    tenant: str | None = None  # its client key's (`tenant_share` counts it)
 
 
 class Planner:
@@ -68,6 +70,7 @@ class Planner:
         self.policy = build(options.policy, options.epsilon)
         self.session_keys = SessionKeys(options.session_keys)
         self.sessions = SessionTable(budget_bytes=options.sessions_budget_bytes)
+        self.tenant_share = TenantShare(options.tenant_share_window_s)
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self._session_digest = session_digest
         self._turn = 0
@@ -134,7 +137,9 @@ class Planner:
             backends, holders = admitted[0], {}
             blocks = dict.fromkeys((b.name for b in backends), EMPTY)
             hits = dict.fromkeys((b.name for b in backends), NO_TOKENS)
-        candidates = [scored(b, hits[b.name]) for b in backends]
+        over_share = self.tenant_share.over_share(tenant, len(admitted[0]))
+        others = self.tenant_share.others(tenant, hits) if over_share else {}
+        candidates = [scored(b, hits[b.name], others.get(b.name, 0)) for b in backends]
         tie = next((r.last_key for r in blocks.values() if r.last_key), None)
         request = RoutingRequest(
             model=prepared.model,
@@ -145,6 +150,7 @@ class Planner:
             fleet_load=(self._in_flight, len(admitted[0]))
             if len(backends) < len(admitted[0])
             else None,
+            over_share=over_share,
         )
         decision = self.policy.decide(candidates, request)
         predicted = {c.name: c.cached_tokens for c in candidates}
@@ -153,7 +159,7 @@ class Planner:
         self.metrics.decision(route.name, time.monotonic() - arrived)
         return Plan(
             decision, blocks, affinity, arrived, predicted, hits, sources, holders=holders,
-            head=prepared.head,
+            head=prepared.head, tenant=tenant,
         )  # fmt: skip
 
     def _view(self) -> FleetView:
@@ -195,6 +201,7 @@ class Planner:
         backend.in_flight += 1
         self._in_flight += 1
         backend.requests += 1
+        self.tenant_share.started(plan.tenant, backend.name)
         plan.flights[backend.name] = self.index.take_off(
             backend.name, plan.blocks.get(backend.name, EMPTY)
         )
@@ -219,6 +226,7 @@ class Planner:
         if backend.in_flight > 0:
             self._in_flight -= 1
         backend.in_flight = max(0, backend.in_flight - 1)
+        self.tenant_share.finished(plan.tenant, backend.name)
         flight = plan.flights.get(backend.name)
         if flight is not None:
             self.index.land(flight)
@@ -274,9 +282,11 @@ class Planner:
         return plan.predicted.get(backend.name)
 
 
-def scored(backend: Backend, hit: TierTokens) -> Candidate:
+def scored(backend: Backend, hit: TierTokens, other_tenants: int = 0) -> Candidate:
     """The backend as the policy sees it: its load and its predicted hit by tier."""
-    return Candidate(backend.name, backend.in_flight, hit, costs=backend.costs)
+    return Candidate(
+        backend.name, backend.in_flight, hit, costs=backend.costs, other_tenants=other_tenants
+    )
 
 
 def source(backend: Backend) -> str:

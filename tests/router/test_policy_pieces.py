@@ -32,6 +32,7 @@ from warmfleet_router.policy import (
     RoutingRequest,
     ServesModel,
     SessionPin,
+    TenantShare,
     TieHash,
     admit,
     build,
@@ -95,6 +96,30 @@ def test_bounded_load_never_empties_the_candidates() -> None:
     assert names(BoundedLoad(0.0)(fleet, REQUEST)) == ["b", "c"]
     assert names(BoundedLoad(10.0)(fleet, REQUEST)) == ["a", "b", "c"]
     assert BoundedLoad(0.25)([], REQUEST) == []
+
+
+def test_tenant_share_narrows_only_a_tenant_over_its_share_to_the_least_shared() -> None:
+    fleet = [Candidate("a", 3, other_tenants=1), Candidate("b", 0), Candidate("c", 1)]
+    share = TenantShare()
+    over = RoutingRequest(over_share=True)
+    assert names(share(fleet, REQUEST)) == ["a", "b", "c"]  # under its share: anywhere
+    assert names(share(fleet, over)) == ["b", "c"]
+    everyone = [Candidate("a", 0, other_tenants=2), Candidate("b", 0, other_tenants=1)]
+    assert names(share(everyone, over)) == ["b"]  # none free: the least shared
+    assert share([], over) == []
+
+
+def test_a_tenant_over_its_share_leaves_the_other_tenants_backend_to_it() -> None:
+    # `steady`'s session is on a (its cache, its pin); `burst` is over its share and its
+    # best-cached backend is a too: it goes to the best of the others instead.
+    fleet = [
+        Candidate("a", 1, TierTokens(ram=900), other_tenants=1),
+        Candidate("b", 2, TierTokens(ram=100)),
+        Candidate("c", 2),
+    ]
+    burst = build("prefix").decide(fleet, RoutingRequest(over_share=True))
+    assert (burst.backend, burst.reason) == ("b", "load-spill")
+    assert build("prefix").decide(fleet, REQUEST).backend == "a"  # under its share
 
 
 def test_session_pin_narrows_to_the_sessions_backend_only_when_it_is_there() -> None:
@@ -193,7 +218,7 @@ def test_one_registry_names_the_policies() -> None:
 def test_the_documented_policy_table_is_the_registrys() -> None:
     assert policy_table() in (registry.__doc__ or "")
     assert build("prefix").describe() == Pieces(
-        ("bounded load", "session pin"),
+        ("tenant share", "bounded load", "session pin"),
         ("time saved", "load", "faster tier", "request hash"),
         "best",
     )

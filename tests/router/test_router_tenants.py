@@ -175,3 +175,32 @@ def test_sessions_are_per_tenant(router: Daemon) -> None:
     ask(router, "team-b", messages, extra_headers=session)
     b = last_decision(router)["session"]
     assert a and b and a != b
+
+
+def test_a_tenant_over_its_share_stays_off_the_backend_another_tenant_uses(
+    daemons: list[Daemon], keys_file: Path, tmp_path: Path
+) -> None:
+    # A router of its own: what the module's router saw of the tenants is not this test's.
+    front = start_router_for(daemons, tmp_path, "--api-keys-file", str(keys_file))
+    held: list[Any] = []
+    try:
+        wait_following(front, 2)
+        steady = client(front, "team-a").chat.completions.with_raw_response.create(
+            model="default", messages=[system("Steady"), USER], max_tokens=4
+        )
+        theirs = steady.headers["x-warmfleet-backend"]
+        backends = []
+        for i in range(4):  # each held open: team-b's requests stay in flight
+            raw = client(front, "team-b").chat.completions.with_raw_response.create(
+                model="default", messages=[system(f"Burst {i}"), USER], max_tokens=512, stream=True
+            )
+            backends.append(raw.headers["x-warmfleet-backend"])
+            held.append(raw.parse())
+            next(iter(held[-1]))
+        # From its second request on, team-b holds its share (2 backends, 2 tenants): it
+        # is kept off the backend team-a used a moment ago, although that one is idle.
+        assert theirs not in backends[1:], (theirs, backends)
+    finally:
+        for stream in held:
+            stream.close()
+        front.stop()

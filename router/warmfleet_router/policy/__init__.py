@@ -1,7 +1,8 @@
 """Choosing a backend: plain Python, no I/O; every choice is deterministic in its inputs.
 
 A policy is composed of pieces, as the Gateway API Inference Extension's scheduler is:
-filters narrow the candidates (ready, serves the model, bounded load, session pin),
+filters narrow the candidates (ready, serves the model, tenant share, bounded load,
+session pin),
 scorers rank them (prefill time saved by the cache, cached tokens, load, session-key
 hash, a hash of the request, round-robin turn), a picker picks and orders the
 fallbacks. `prefix` (the default): the most prefill time saved by the backend's cache
@@ -23,6 +24,7 @@ from warmfleet_router.policy.filters import (
     Ready,
     ServesModel,
     SessionPin,
+    TenantShare,
     capacity,
     eligible,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "Scorer",
     "ServesModel",
     "SessionPin",
+    "TenantShare",
     "TieHash",
     "TimeSaved",
     "admit",

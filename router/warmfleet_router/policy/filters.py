@@ -1,7 +1,7 @@
 """Filters: each narrows the candidates a request may go to. Admission filters (ready,
 serves the model) run before the request is keyed and raise a RoutingError when they
-can explain an empty result; routing filters (bounded load, session pin) never empty a
-non-empty list."""
+can explain an empty result; routing filters (tenant share, bounded load, session pin) never
+empty a non-empty list."""
 
 from __future__ import annotations
 
@@ -113,3 +113,17 @@ class SessionPin:
         return request.session_backend is not None and any(
             c.name == request.session_backend for c in before
         )
+
+
+class TenantShare:
+    """For a request whose tenant holds at least its share of the fleet: only the
+    backends the fewest other tenants are using (none, when there are such), so that
+    one tenant's burst stays off the backends another tenant's requests are on."""
+
+    label = "tenant share"
+
+    def __call__(self, candidates: Sequence[Candidate], request: RoutingRequest) -> list[Candidate]:
+        if not request.over_share or not candidates:
+            return list(candidates)
+        fewest = min(c.other_tenants for c in candidates)
+        return [c for c in candidates if c.other_tenants == fewest]

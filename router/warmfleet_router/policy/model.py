@@ -26,6 +26,9 @@ class Candidate:
     ready: bool = True  # takes new requests (health checks, passive failures)
     models: frozenset[str] | None = None  # names it answers to; None: it has not said
     costs: TierCosts | None = None  # what a token costs it per tier; None: not said
+    # Tenants other than the request's using it (`tenant_share`); read only when the
+    # request's tenant is over its share.
+    other_tenants: int = 0
 
     @property
     def cached_tokens(self) -> int:
@@ -50,6 +53,9 @@ class RoutingRequest:
     # When the candidates are a sample of the admitted backends (`shortlist`): requests in
     # flight on the fleet and its backends, the mean bounded load is taken over.
     fleet_load: tuple[int, int] | None = None
+    # Its tenant holds at least its share of the fleet (`tenant_share`): it goes where
+    # the fewest other tenants are.
+    over_share: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ against the registry by a test:
 
 | policy | filters | scorers (ties go to the next) | picker |
 |---|---|---|---|
-| `prefix` | bounded load, session pin | time saved, load, faster tier, request hash | best |
+| `prefix` | tenant share, bounded load, session pin | time saved, load, faster tier, request hash | best |
 | `round-robin` |  | name order from the turn | best |
 | `least-load` |  | load, request hash | best |
-| `session` | bounded load | session-key hash, load, request hash | ring |
+| `session` | tenant share, bounded load | session-key hash, load, request hash | ring |
 
-Time saved weighs each backend's predicted cached tokens by tier with the costs it
+Tenant share keeps a tenant holding at least its share of the fleet (requests in flight
+against backends per active tenant) on the backends the fewest other tenants are using
+(`warmfleet_router.tenant_share`; only with client keys). Time saved weighs each
+backend's predicted cached tokens by tier with the costs it
 measured (RAM beats disk beats a miss; savings within a fifth of each other are equal, so
 load decides, then the larger RAM share); without any costs it is cached tokens.
 """
@@ -22,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal
 
 from warmfleet_router.policy.compose import Policy
-from warmfleet_router.policy.filters import BoundedLoad, SessionPin
+from warmfleet_router.policy.filters import BoundedLoad, SessionPin, TenantShare
 from warmfleet_router.policy.model import Candidate, Decision, RoutingRequest
 from warmfleet_router.policy.pickers import RingPicker
 from warmfleet_router.policy.scorers import (
@@ -43,12 +46,15 @@ REGISTRY: Final[Mapping[PolicyName, Callable[[float], Policy]]] = {
     "prefix": lambda epsilon: Policy(
         "prefix",
         (TimeSaved(), LeastLoad(), FasterTier(), TieHash()),
-        (BoundedLoad(epsilon), SessionPin()),
+        (TenantShare(), BoundedLoad(epsilon), SessionPin()),
     ),
     "round-robin": lambda epsilon: Policy("round-robin", (RoundRobin(),)),
     "least-load": lambda epsilon: Policy("least-load", (LeastLoad(), TieHash())),
     "session": lambda epsilon: Policy(
-        "session", (AffinityHash(), LeastLoad(), TieHash()), (BoundedLoad(epsilon),), RingPicker()
+        "session",
+        (AffinityHash(), LeastLoad(), TieHash()),
+        (TenantShare(), BoundedLoad(epsilon)),
+        RingPicker(),
     ),
 }
 POLICIES: Final[tuple[PolicyName, ...]] = tuple(REGISTRY)
