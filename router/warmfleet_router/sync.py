@@ -319,8 +319,8 @@ class BackendSync:
             )
         except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
             self._trouble("status", exc)
-            # It cannot say now: what it said last. (Its aliases, `default` among them,
-            # were dropped: a hundred busy daemons answering slowly served no `default`.)
+            # It cannot say now: what it said last (else a read that timed out would drop
+            # its aliases, `default` among them, until the next good one).
             status = self._last_status
         else:
             self._fine("status")
