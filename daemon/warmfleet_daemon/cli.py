@@ -470,7 +470,9 @@ def _serve_simulated_nodes(
         members[0].daemon_name,
         members[-1].daemon_name,
     )
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # Python's default GIL switch interval (5 ms), not a real engine's 0.2 ms: no mx.eval
+    # waits for the GIL here, and with ~270 threads each waiting one woke every 0.2 ms,
+    # starving the thread that held it (a 50-node process's full collections took 30 s).
     return 0 if serve_many(members, listeners, first, control) else 3
 
 

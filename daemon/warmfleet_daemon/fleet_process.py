@@ -19,12 +19,14 @@ import logging
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import uvicorn
 
 from warmfleet_common.bounded import SERVER_KEEP_ALIVE_S
+from warmfleet_common.heap import freeze_heap
 from warmfleet_common.logs import quiet_access_log
 from warmfleet_common.tls import install_https
 from warmfleet_daemon.api.app import create_app
@@ -95,6 +97,8 @@ class _Fleet:
         self.running: dict[int, _Running] = {}
         self.all_started = True
         self.stopping = False  # a signal came: nodes are not started again
+        self._loaded: set[int] = set()  # nodes whose engine has loaded once
+        self._loaded_lock = threading.Lock()
 
     def start(self, node: int, sock: socket.socket | None = None) -> None:
         settings = self.settings[node]
@@ -103,6 +107,7 @@ class _Fleet:
             sock = socket.create_server((settings.host, settings.port), family=family)
         app = create_app(settings)
         open_files.restore()  # mlx-lm's import lowered it: fifty daemons' sockets need more
+        app.state.daemon.on_ready.append(lambda: self._loaded_once(node))
         config = uvicorn.Config(
             app,
             host=settings.host,
@@ -121,6 +126,17 @@ class _Fleet:
         if reloader is not None:  # one per running node: it ends with it
             task.add_done_callback(lambda _: reloader.stop())
         self.running[node] = _Running(server, task)
+
+    def _loaded_once(self, node: int) -> None:
+        """On a node's loader thread, its engine loaded: once every node has (and after
+        each restart), what is alive moves out of the collector's sight, as one daemon's
+        heap does. Unfrozen, fifty daemons' heaps made each full collection long enough
+        for the process's threads to pile up on the GIL behind it."""
+        with self._loaded_lock:
+            restart = node in self._loaded
+            self._loaded.add(node)
+            if restart or len(self._loaded) == len(self.settings):
+                freeze_heap()
 
     async def _serve(self, server: _Member, sock: socket.socket, first: bool) -> None:
         await server.serve(sockets=[sock])

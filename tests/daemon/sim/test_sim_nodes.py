@@ -8,11 +8,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import httpx
+import pytest
 
 from support.processes import interrupt
 from support.sim import consecutive_free_ports, write_profile
+from warmfleet_daemon import fleet_process
+from warmfleet_daemon.settings import DaemonSettings
 
 
 def test_three_daemons_in_one_process(tmp_path: Path) -> None:
@@ -124,3 +128,19 @@ def _refused(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return False
+
+
+def test_the_heap_is_frozen_once_every_node_has_loaded_and_after_each_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Unfrozen, fifty daemons' heaps made full collections long (fleet_process).
+    frozen: list[int] = []
+    monkeypatch.setattr(fleet_process, "freeze_heap", lambda: frozen.append(1))
+    fleet = fleet_process._Fleet(dict.fromkeys((1, 2, 3), cast(DaemonSettings, None)))
+    for node in (1, 2):
+        fleet._loaded_once(node)
+    assert frozen == []
+    fleet._loaded_once(3)
+    assert frozen == [1]
+    fleet._loaded_once(2)  # node 2 restarted: its new daemon's objects too
+    assert frozen == [1, 1]
