@@ -471,8 +471,8 @@ def _serve_simulated_nodes(
         members[-1].daemon_name,
     )
     # Python's default GIL switch interval (5 ms), not a real engine's 0.2 ms: no mx.eval
-    # waits for the GIL here, and with ~270 threads each waiting one woke every 0.2 ms,
-    # starving the thread that held it (a 50-node process's full collections took 30 s).
+    # waits for the GIL here, and a 50-node process's ~270 threads spent its CPU in futex
+    # waits while a full collection held the GIL (those took 27-53 s before the heap froze).
     return 0 if serve_many(members, listeners, first, control) else 3
 
 

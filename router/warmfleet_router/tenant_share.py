@@ -51,6 +51,8 @@ class TenantShare:
         here[tenant] -= 1
         if not here[tenant]:
             del here[tenant]
+            if not here:  # a backend that left keeps nothing here
+                del self._in_flight[backend]
         self._fleet[tenant] -= 1
         if not self._fleet[tenant]:
             del self._fleet[tenant]

@@ -54,3 +54,10 @@ def test_off_counts_nothing_and_an_end_not_started_is_ignored() -> None:
     share.started("burst", "a")
     assert share.others("burst", ["a"]) == {"a": 0}
     assert not share.over_share("burst", 1)
+
+
+def test_a_backend_with_nothing_in_flight_keeps_no_counter() -> None:
+    share = TenantShare(60.0, Clock())
+    share.started("burst", "gone")
+    share.finished("burst", "gone")
+    assert "gone" not in share._in_flight
