@@ -1,6 +1,7 @@
-"""Issue 35's fleet-scale figures: one agent-population trace replayed on a simulated fleet
-of profiled Macs (`warmfleet sim run`) with each router policy, without warm sets, and on
-the ideal (every Mac's memory and compute pooled into one: no request ever on the wrong
+"""Issue 46's fleet-scale figures (and issue 36's after an upgrade): one agent-population
+trace replayed on a simulated fleet of profiled Macs (`warmfleet sim run`) with each
+router policy, without warm sets, without learning (`prefix-no-learning`), and on the
+ideal (every Mac's memory and compute pooled into one: no request ever on the wrong
 Mac), each configuration `--repeats` times, interleaved; then the medians with their
 ranges, the issue's targets, and the first repeat's report (PNGs side by side).
 
@@ -19,6 +20,7 @@ router's decision latency and CPU are this machine's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -33,13 +35,14 @@ from warmfleet_cli.sim.report_run import load_run
 from warmfleet_cli.sim.report_series import Headline, headline
 from warmfleet_common.perf_profile import dump_profile, load_profile, pooled
 
-CONFIGS = {  # name -> (policy, warm sets, pooled)
-    "prefix": ("prefix", True, False),
-    "least-load": ("least-load", True, False),
-    "round-robin": ("round-robin", True, False),
-    "session": ("session", True, False),
-    "prefix-no-warm": ("prefix", False, False),
-    "pooled": ("prefix", True, True),
+CONFIGS = {  # name -> (policy, warm sets, pooled, learning)
+    "prefix": ("prefix", True, False, True),
+    "least-load": ("least-load", True, False, True),
+    "round-robin": ("round-robin", True, False, True),
+    "session": ("session", True, False, True),
+    "prefix-no-warm": ("prefix", False, False, True),
+    "prefix-no-learning": ("prefix", True, False, False),
+    "pooled": ("prefix", True, True, True),
 }
 
 
@@ -71,11 +74,21 @@ def main() -> int:
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--sim-per-process", type=int, default=50)
+    p.add_argument(
+        "--figures-only",
+        action="store_true",
+        help="run nothing: the figures of the runs already in --out (a campaign cut short)",
+    )
     args = p.parse_args()
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         p.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
+    if args.figures_only:
+        text = figures(args, configs, finished_runs(args.out, configs))
+        (args.out / "figures.md").write_text(text)
+        print(text)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     traces = write_traces(args)
     profile = load_profile(args.profile)
@@ -133,7 +146,7 @@ def write_traces(args: argparse.Namespace) -> dict[str, Path]:
 def run_one(
     args: argparse.Namespace, config: str, repeat: int, traces: dict[str, Path], pooled: Path
 ) -> Outcome:
-    policy, warm, is_pooled = CONFIGS[config]
+    policy, warm, is_pooled, learning = CONFIGS[config]
     out = args.out / f"rep{repeat}" / config
     cmd = [
         sys.executable, "-m", "warmfleet_cli", "sim", "run",
@@ -148,21 +161,42 @@ def run_one(
         cmd += ["--profile", args.profile, "--nodes", str(args.nodes)]
     if not warm:
         cmd.append("--no-warm-sets")
+    if not learning:
+        cmd += ["--learn-min-sessions", "0"]
     if args.disk_tier:
         cmd.append("--disk-tier")
     started = time.monotonic()
     with open(args.out / f"rep{repeat}-{config}.log", "w") as log:
         done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=log, check=False)
-    wall = time.monotonic() - started
+    return _outcome(config, repeat, out, done.returncode, time.monotonic() - started)
+
+
+def finished_runs(directory: Path, configs: list[str]) -> list[Outcome]:
+    """The outcomes of the runs an earlier invocation left in `directory`."""
+    recorded = {}
+    if (directory / "outcomes.json").exists():
+        for o in json.loads((directory / "outcomes.json").read_text()):
+            recorded[(o["config"], o["repeat"])] = (o["exit_code"], o["wall_s"])
+    outcomes = []
+    for rep in sorted(directory.glob("rep*/"), key=lambda d: int(d.name[3:] or 0)):
+        for config in configs:
+            if (rep / config / "run.json").exists():
+                repeat = int(rep.name[3:])
+                code, wall = recorded.get((config, repeat), (0, 0.0))
+                outcomes.append(_outcome(config, repeat, rep / config, code, wall))
+    return outcomes
+
+
+def _outcome(config: str, repeat: int, out: Path, exit_code: int, wall: float) -> Outcome:
     try:
         loaded = load_run(out)
     except Exception as exc:  # the run never wrote its directory: said in its log
-        return Outcome(config, repeat, done.returncode, False, f"no run: {exc}", None, {}, wall)
+        return Outcome(config, repeat, exit_code, False, f"no run: {exc}", None, {}, wall)
     meta = loaded.meta
     return Outcome(
         config,
         repeat,
-        done.returncode,
+        exit_code,
         bool(meta.get("valid")),
         meta.get("invalid_reason"),
         headline(loaded),
@@ -185,8 +219,8 @@ def figures(args: argparse.Namespace, configs: list[str], outcomes: list[Outcome
         "",
         "| config | n | failed | first-request TTFT p50 (s) | p95 (s) | later p95 (s) "
         "| token hit rate | first-request hit rate | decision p99 (ms) | index peak (MiB) "
-        "| router CPU (% core) | sets Ready (wall s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| router CPU (% core) | sets Ready (wall s) | first after the upgrade p95 (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in configs:
         runs = [o.headline for o in by[c] if o.headline is not None]
@@ -201,9 +235,10 @@ def figures(args: argparse.Namespace, configs: list[str], outcomes: list[Outcome
             f"| {spread([ms(h.decision_p99_s) for h in runs], 2)} "
             f"| {spread([mib(h.index_bytes_peak) for h in runs], 1)} "
             f"| {spread([h.router_cpu_percent for h in runs], 1)} "
-            f"| {spread([h.operator_ready_s for h in runs], 1)} |"
+            f"| {spread([h.operator_ready_s for h in runs], 1)} "
+            f"| {spread([_after_upgrade_p95(h) for h in runs], 2)} |"
         )
-    lines += ["", "Targets (issue 35), from the medians:", ""]
+    lines += ["", "Targets (issues 46 and 36), from the medians:", ""]
     lines += targets(by)
     invalid = [o for o in outcomes if not o.valid]
     if invalid:
@@ -229,6 +264,17 @@ def targets(by: dict[str, list[Outcome]]) -> list[str]:
         med("round-robin", lambda o: o.headline.first_ttft.get("p95")),
     )
     out.append(_target("first-request TTFT p95, prefix / round-robin", _ratio(first, rr), "<= 0.5"))
+    learned, unlearned = (
+        med("prefix", lambda o: _after_upgrade_p95(o.headline)),
+        med("prefix-no-learning", lambda o: _after_upgrade_p95(o.headline)),
+    )
+    out.append(
+        _target(
+            "first-request TTFT p95 in the hour after the upgrade, learning on / off (issue 36)",
+            _ratio(learned, unlearned),
+            "<= 0.2",
+        )
+    )
     rows = [
         ("route decision p99 (ms), prefix", lambda o: ms(o.headline.decision_p99_s), "<= 5"),
         ("router index peak (MiB), prefix", lambda o: mib(o.headline.index_bytes_peak), "<= 256"),
@@ -240,6 +286,12 @@ def targets(by: dict[str, list[Outcome]]) -> list[str]:
     ]  # fmt: skip
     out += [_target(what, med("prefix", pick), goal) for what, pick, goal in rows]
     return out
+
+
+def _after_upgrade_p95(h: Headline) -> float | None:
+    """The upgraded agent's new sessions' first requests in the hour after it (the
+    trace has one upgrade)."""
+    return h.after_upgrade[0].ttft.get("p95") if h.after_upgrade else None
 
 
 def _added_share(o: Outcome) -> float | None:
@@ -299,7 +351,7 @@ def _outcome_json(o: Outcome) -> dict[str, Any]:
         "valid": o.valid,
         "invalid_reason": o.invalid_reason,
         "wall_s": round(o.wall_s, 1),
-        "headline": None if h is None else {k: v for k, v in vars(h).items()},
+        "headline": None if h is None else dataclasses.asdict(h),
         "added_nodes_first_requests": o.summary.get("added_nodes_first_requests"),
     }
 
