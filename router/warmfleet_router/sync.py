@@ -320,8 +320,11 @@ class BackendSync:
         except (httpx.HTTPError, ValueError, bounded.TooSlow) as exc:
             self._trouble("status", exc)
             # It cannot say now: what it said last (else a read that timed out would drop
-            # its aliases, `default` among them, until the next good one).
-            status = self._last_status
+            # its aliases, `default` among them, until the next good one), while it still
+            # lists that model (a daemon restarted with another one has other aliases).
+            kept = self._last_status
+            model = kept.model if kept is not None else None
+            status = kept if model is None or model.id is None or model.id in names else None
         else:
             self._fine("status")
             self._last_status = status  # None: it answered that it has no status

@@ -186,6 +186,25 @@ async def test_an_unreadable_status_keeps_the_aliases_it_gave(fleet: Fleet, fake
     assert backend.models == frozenset({"m"})
 
 
+async def test_aliases_kept_through_an_unreadable_status_go_when_another_model_is_served(
+    fleet: Fleet, fake: Fake
+) -> None:
+    """A daemon restarted with another model whose status cannot be read: the aliases of
+    the model it no longer lists are not kept."""
+    fake.routes["/v1/status"] = lambda r: httpx.Response(
+        200, json={"model": {"id": "m", "aliases": ["m", "default"]}}
+    )
+    backend = await start(fleet)
+    assert backend.models == frozenset({"m", "default"})
+    fake.routes["/v1/status"] = lambda r: httpx.Response(200, content=b"x" * (2 << 20))
+    await until(lambda: "status" in backend.problems)
+    await fleet.members.syncs["d"].read_models()
+    assert backend.models == frozenset({"m", "default"})  # the same model: kept
+    fake.routes["/v1/models"] = lambda r: httpx.Response(200, json={"data": [{"id": "other"}]})
+    await fleet.members.syncs["d"].read_models()
+    assert backend.models == frozenset({"other"})
+
+
 @pytest.mark.parametrize(
     "line",
     [
