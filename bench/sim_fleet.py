@@ -71,6 +71,9 @@ def main() -> int:
     p.add_argument("--context-tokens", type=int, default=40960, help="(the profile's, 40960)")
     p.add_argument("--disk-tier", action="store_true", help="each node with its disk tier")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--first-repeat", type=int, default=1, help="number the repeats from this (add to --out)"
+    )
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--sim-per-process", type=int, default=50)
@@ -95,8 +98,9 @@ def main() -> int:
     pooled_path = args.out / "pooled-profile.json"
     pooled_path.write_text(dump_profile(pooled(profile, args.nodes)))
 
+    earlier = [o for o in _recorded(args.out) if o["repeat"] < args.first_repeat]
     outcomes: list[Outcome] = []
-    for repeat in range(1, args.repeats + 1):
+    for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
         for config in configs:
             outcome = run_one(args, config, repeat, traces, pooled_path)
             outcomes.append(outcome)
@@ -104,9 +108,9 @@ def main() -> int:
             print(f"[{repeat}/{args.repeats}] {config}: {outcome.wall_s:.0f} s, {state}",
                   file=sys.stderr, flush=True)  # fmt: skip
             (args.out / "outcomes.json").write_text(
-                json.dumps([_outcome_json(o) for o in outcomes], indent=1) + "\n"
+                json.dumps(earlier + [_outcome_json(o) for o in outcomes], indent=1) + "\n"
             )
-    text = figures(args, configs, outcomes)
+    text = figures(args, configs, finished_runs(args.out, configs))
     (args.out / "figures.md").write_text(text)
     print(text)
     first = [args.out / f"rep1/{c}" for c in configs if (args.out / f"rep1/{c}/run.json").exists()]
@@ -171,12 +175,16 @@ def run_one(
     return _outcome(config, repeat, out, done.returncode, time.monotonic() - started)
 
 
+def _recorded(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "outcomes.json"
+    return list(json.loads(path.read_text())) if path.exists() else []
+
+
 def finished_runs(directory: Path, configs: list[str]) -> list[Outcome]:
-    """The outcomes of the runs an earlier invocation left in `directory`."""
-    recorded = {}
-    if (directory / "outcomes.json").exists():
-        for o in json.loads((directory / "outcomes.json").read_text()):
-            recorded[(o["config"], o["repeat"])] = (o["exit_code"], o["wall_s"])
+    """The outcomes of the runs in `directory` (this invocation's and earlier ones')."""
+    recorded = {
+        (o["config"], o["repeat"]): (o["exit_code"], o["wall_s"]) for o in _recorded(directory)
+    }
     outcomes = []
     for rep in sorted(directory.glob("rep*/"), key=lambda d: int(d.name[3:] or 0)):
         for config in configs:
@@ -215,7 +223,7 @@ def figures(args: argparse.Namespace, configs: list[str], outcomes: list[Outcome
         f"{args.start}-{args.end} at {args.compress:g}x",
         "",
         f"CPU: {cpu_model()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        f"repeats {args.repeats}; medians [min-max] over the valid runs (n).",
+        f"repeats {len({o.repeat for o in outcomes})}; medians [min-max] over the valid runs (n).",
         "",
         "| config | n | failed | first-request TTFT p50 (s) | p95 (s) | later p95 (s) "
         "| token hit rate | first-request hit rate | decision p99 (ms) | index peak (MiB) "
