@@ -41,6 +41,7 @@ CONFIGS = {  # name -> (policy, warm sets, pooled, learning)
     "round-robin": ("round-robin", True, False, True),
     "session": ("session", True, False, True),
     "prefix-no-warm": ("prefix", False, False, True),
+    "round-robin-no-warm": ("round-robin", False, False, True),
     "prefix-no-learning": ("prefix", True, False, False),
     "pooled": ("prefix", True, True, True),
 }
@@ -98,7 +99,10 @@ def main() -> int:
     pooled_path = args.out / "pooled-profile.json"
     pooled_path.write_text(dump_profile(pooled(profile, args.nodes)))
 
-    earlier = [o for o in _recorded(args.out) if o["repeat"] < args.first_repeat]
+    planned = {
+        (c, r) for c in configs for r in range(args.first_repeat, args.first_repeat + args.repeats)
+    }
+    earlier = [o for o in _recorded(args.out) if (o["config"], o["repeat"]) not in planned]
     outcomes: list[Outcome] = []
     for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
         for config in configs:
@@ -272,6 +276,17 @@ def targets(by: dict[str, list[Outcome]]) -> list[str]:
         med("round-robin", lambda o: o.headline.first_ttft.get("p95")),
     )
     out.append(_target("first-request TTFT p95, prefix / round-robin", _ratio(first, rr), "<= 0.5"))
+    cold, cold_rr = (
+        med("prefix-no-warm", lambda o: o.headline.first_ttft.get("p95")),
+        med("round-robin-no-warm", lambda o: o.headline.first_ttft.get("p95")),
+    )
+    out.append(
+        _target(
+            "first-request TTFT p95 without warm sets, prefix / round-robin",
+            _ratio(cold, cold_rr),
+            "<= 0.5",
+        )
+    )
     learned, unlearned = (
         med("prefix", lambda o: _after_upgrade_p95(o.headline)),
         med("prefix-no-learning", lambda o: _after_upgrade_p95(o.headline)),
