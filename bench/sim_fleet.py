@@ -109,7 +109,7 @@ def main() -> int:
             outcome = run_one(args, config, repeat, traces, pooled_path)
             outcomes.append(outcome)
             state = "valid" if outcome.valid else f"INVALID ({outcome.invalid_reason})"
-            print(f"[{repeat}/{args.repeats}] {config}: {outcome.wall_s:.0f} s, {state}",
+            print(f"[repeat {repeat}] {config}: {outcome.wall_s:.0f} s, {state}",
                   file=sys.stderr, flush=True)  # fmt: skip
             (args.out / "outcomes.json").write_text(
                 json.dumps(earlier + [_outcome_json(o) for o in outcomes], indent=1) + "\n"
@@ -190,7 +190,7 @@ def finished_runs(directory: Path, configs: list[str]) -> list[Outcome]:
         (o["config"], o["repeat"]): (o["exit_code"], o["wall_s"]) for o in _recorded(directory)
     }
     outcomes = []
-    for rep in sorted(directory.glob("rep*/"), key=lambda d: int(d.name[3:] or 0)):
+    for rep in sorted(directory.glob("rep[0-9]*/"), key=lambda d: int(d.name[3:] or 0)):
         for config in configs:
             if (rep / config / "run.json").exists():
                 repeat = int(rep.name[3:])
