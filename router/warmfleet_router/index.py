@@ -285,6 +285,15 @@ class BlockIndex:
                 self._free_slots.append(bit.bit_length() - 1)
                 self.revision += 1
 
+    def forget_held(self, backend: str) -> None:
+        """What it holds is unknown again (its event stream ended: a restarted daemon is
+        ready, and cold, before its stream is back): the blocks it held and its warm
+        prompts go; its keying (`set_shared`) stays."""
+        self.forget(backend, keep_pinned=True)
+        bit = self._slots.get(backend, 0)
+        for key in self._pinned.pop(backend, ()):
+            self._unmark(key, _PINNED, bit)
+
     def predict(self, backend: str, blocks: RequestBlocks) -> int:
         """Prompt tokens this backend would serve from its cache."""
         return self.predict_tiers(backend, blocks).total

@@ -7,10 +7,10 @@ Models: the names it answers to (`/v1/models`, plus a warmfleet daemon's aliases
 also in its layout), read when it becomes ready and every `models_interval` while it is.
 Cache events: the daemon's layout, then a snapshot, then the event stream from the
 snapshot's sequence number; a gap (a sequence number skipped, a heartbeat ahead of the
-last event) or a `reset` line means fetch a new snapshot; a dropped connection means
-reconnect after the last event seen (the daemon replays what it still buffers). A
-backend without these routes (any OpenAI server) stays on history estimates, and is
-asked again only every `no_events_retry` seconds.
+last event), a `reset` line or the stream's end means fetch a new snapshot, and until
+then nothing of its cache is known (a restarted daemon is ready, and cold, before its
+stream is back). A backend without these routes (any OpenAI server) stays on history
+estimates, and is asked again only every `no_events_retry` seconds.
 Warm sets: a warmfleet daemon's `/v1/warm-sets` every `warm_sets_interval`; the blocks
 of its warm prompts in pinned sets count as held there, with or without events.
 
@@ -417,7 +417,10 @@ class BackendSync:
                     need_snapshot = False
                     delay = self._options.retry
                     what = "events"
-                if await self._follow():
+                delivered = await self._follow()
+                self._stream_lost()
+                need_snapshot = True
+                if delivered:
                     delay = self._options.retry  # it delivered: not a failing loop
             except ResyncNeeded as exc:
                 log.info("%s: cache index resync (%s)", backend.name, exc)
@@ -441,11 +444,12 @@ class BackendSync:
                 need_snapshot = True
                 continue
             except (httpx.TransportError, bounded.TooSlow, Unavailable) as exc:
-                # Connection lost, silent or trickling, or the daemon not ready: keep what
-                # is known, reconnect after the last event (the daemon replays what it
-                # still buffers).
+                # Connection lost, silent or trickling, or the daemon not ready: a new
+                # snapshot once it answers (it may be another process by then).
                 backend.last_error = f"{what}: {type(exc).__name__}: {exc}"
                 self._trouble(what, exc)
+                self._stream_lost()
+                need_snapshot = True
             except (httpx.HTTPError, ValueError) as exc:
                 # A payload of the wrong shape or too large: what the stream said can no
                 # longer be trusted; a new snapshot, after a backoff.
@@ -456,6 +460,16 @@ class BackendSync:
             self._indexed.set()
             await asyncio.sleep(jitter(delay))
             delay = min(delay * 2, self._options.max_retry)
+
+    def _stream_lost(self) -> None:
+        """Its event stream ended or could not be opened: what it holds is no longer
+        known. A restarted daemon answers /readyz, cold, before its stream is back (the
+        health check wakes first), and the blocks of the process that stopped would route
+        requests there as hits."""
+        backend = self.backend
+        if backend.index_mode == "following":
+            self._index.forget_held(backend.name)
+            backend.index_mode = "resyncing"
 
     async def _resync(self) -> None:
         backend = self.backend
@@ -469,6 +483,7 @@ class BackendSync:
         if snap.epoch != backend.epoch:  # another daemon process: read its models again
             self._models_read = -math.inf
             self._wake_health.set()
+            self._warm_changed.set()  # and its warm sets: which are warm again
         backend.epoch, backend.seq = snap.epoch, snap.seq
         backend.index_mode = "following"
         backend.last_error = ""

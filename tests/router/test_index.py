@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tracemalloc
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -114,6 +115,13 @@ def test_a_gap_a_restart_or_a_reset_means_resync(line: dict[str, object]) -> Non
     assert backend.seq == 10  # nothing applied
 
 
+async def open_stream(lines: bytes) -> AsyncIterator[bytes]:
+    """An event stream that stays open after its lines, as a daemon's does (its end means
+    a new snapshot)."""
+    yield lines
+    await asyncio.sleep(60)
+
+
 def test_resync_after_a_gap_against_a_fake_daemon() -> None:
     """The events loop: snapshot, stream with a gap, a new snapshot, then in sync."""
     served = {"snapshots": 0}
@@ -141,7 +149,8 @@ def test_resync_after_a_gap_against_a_fake_daemon() -> None:
             else:
                 body = [{"type": "hello", "epoch": "e1", "seq": 5}, {"type": "heartbeat", "seq": 5}]
             text = "".join(json.dumps(line) + "\n" for line in body)
-            return httpx.Response(200, text=text, headers={"content-type": "application/x-ndjson"})
+            ndjson = {"content-type": "application/x-ndjson"}
+            return httpx.Response(200, content=open_stream(text.encode()), headers=ndjson)
         return httpx.Response(404)
 
     async def scenario() -> tuple[int, int, str, int]:
