@@ -1,6 +1,7 @@
-"""What the backend sync reads and how it waits: the events route's answers as the
-sync's exceptions, a bounded wait for the stream's next line, the readiness body, a
-snapshot block's tiers, and the waits between reads. No state of its own."""
+"""What the backend sync reads and how it waits: its limits and intervals, the events
+route's answers as the sync's exceptions, a bounded wait for the stream's next line, the
+readiness body, a snapshot block's tiers, and the waits between reads. No state of its
+own."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -15,6 +17,35 @@ from pydantic import BaseModel, ValidationError
 from warmfleet_common import bounded
 from warmfleet_common.tiers import OTHER_TIER, TIERS, Tier
 from warmfleet_common.wire import SnapshotBlock
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """The most bytes the router reads of each answer (and the deadline of one)."""
+
+    small: int = 1 << 20  # /readyz, /v1/models, /v1/status
+    warm_sets: int = 16 << 20  # 256 prompts' block lists per set, a few sets
+    layout: int = 64 << 20  # tokenizer files (a large vocabulary's tokenizer.json: ~10 MB)
+    snapshot: int = 64 << 20  # ~350,000 blocks
+    event_line: int = 64 << 10  # a stored event is ~250 bytes
+    deadline: float = 10.0  # a whole small answer
+    large_deadline: float = 60.0  # a whole layout or snapshot
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    health_interval: float = 2.0
+    models_interval: float = 10.0
+    warm_sets_interval: float = 10.0
+    heartbeat: float = 5.0  # asked of the daemon; a stream silent for 3x this is dead
+    retry: float = 2.0
+    max_retry: float = 60.0  # backoff after repeated trouble doubles up to this
+    no_events_retry: float = 60.0  # a backend known to serve no events is asked this often
+    # While a backend's live event stream says its state and warm sets (its heartbeats),
+    # /readyz, its models and its warm sets are read this often instead: the stream says
+    # when it drains, restarts or changes its warm sets, and its end wakes the health check.
+    quiet_interval: float = 30.0
+    limits: ReadLimits = field(default_factory=ReadLimits)
 
 
 class NoEvents(Exception):
